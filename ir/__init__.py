@@ -1,0 +1,14 @@
+"""passctl's graph IR: typed SSA values, nodes, graphs, models; ONNX import/export; text form."""
+
+from passctl.ir._builder import Builder
+from passctl.ir._core import (Attr, AttrType, Function, Graph, Model, Node, Value, implicit_inputs,
+                              union_provenance)
+from passctl.ir._tensor import ExternalLocation, Tensor
+from passctl.ir._types import (DataType, MapType, OptionalType, SequenceType, Shape,
+                               SparseTensorType, TensorType, Type)
+
+__all__ = [
+    "Attr", "AttrType", "Builder", "DataType", "ExternalLocation", "Function", "Graph", "MapType",
+    "Model", "Node", "OptionalType", "SequenceType", "Shape", "SparseTensorType", "Tensor",
+    "TensorType", "Type", "Value", "implicit_inputs", "union_provenance",
+]

@@ -1,0 +1,53 @@
+"""The pass API: a pass has a kebab-case name, a one-line summary, typed options and statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, Optional
+
+from passctl.ir import Model
+
+
+@dataclass
+class PassResult:
+    """What a pass did: ``modified`` tells whether the model changed; ``stats`` counts what it did
+    (e.g. ``{"folded": 35}``; rule sets count applications per rule)."""
+
+    modified: bool
+    stats: Dict[str, Any] = field(default_factory=dict)
+
+
+class Pass:
+    """Base class of all passes.
+
+    Subclasses set ``name`` (kebab-case) and ``summary`` (one line), declare options as a dataclass
+    assigned to ``Options`` (its fields are the typed options, parsed from pipeline text
+    ``name{key=value}``), and implement :meth:`run`. ``self.options`` holds the parsed options.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    Options: ClassVar[Optional[type]] = None
+
+    def __init__(self, options: Any = None, **kwargs: Any):
+        if options is None and self.Options is not None:
+            options = self.Options(**kwargs)
+        elif kwargs:
+            raise TypeError(f"pass '{self.name}': give options either as an object or as keywords")
+        self.options = options
+
+    def run(self, model: Model) -> PassResult:
+        """Rewrite ``model`` in place; return whether it changed and the statistics."""
+        raise NotImplementedError
+
+    def __call__(self, model: Model) -> PassResult:
+        return self.run(model)
+
+    @classmethod
+    def option_fields(cls):
+        """The declared options as ``dataclasses.Field`` objects (empty when there are none)."""
+        return dataclasses.fields(cls.Options) if cls.Options is not None else ()
+
+    def __repr__(self):
+        return f"<pass {self.name}>"
