@@ -1,0 +1,147 @@
+"""The emitter interface (IR model -> artifact folder), the emitter registry and atomic output folders."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+from passctl.ir import Model
+from passctl.ir.errors import PassctlError, UserError
+from passctl.targets.profiles import TargetProfile
+
+logger = logging.getLogger(__name__)
+
+
+class EmitError(PassctlError):
+    """The emitter produced an artifact that does not work (an internal error: CLI exit 3)."""
+
+
+class Emitter:
+    """Turns a compiled IR model into a runnable artifact in a folder.
+
+    Subclasses set ``name`` and implement :meth:`write`. An emitter never rewrites the graph: what
+    a target needs changed is a pass in the pipeline. :meth:`emit` gives the atomic folder
+    protocol: everything is built in a temporary folder next to ``out`` and renamed onto ``out``
+    only when complete, so a failed run leaves no partial ``out`` (and an existing ``out`` is kept
+    until the new one is ready).
+    """
+
+    name: str = ""
+    #: True for emitters that exist by name only; :func:`get_emitter` refuses them.
+    implemented: bool = True
+
+    def write(self, model: Model, target: TargetProfile, folder: str) -> Dict[str, Any]:
+        """Write the artifact for ``model`` into the existing, empty ``folder``.
+
+        Returns:
+            a JSON-ready dict describing what was written (recorded in ``report.json``).
+        """
+        raise NotImplementedError
+
+    def emit(self, model: Model, target: TargetProfile, out: str,
+             finalize: Optional[Callable[[str, Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+        """Write the artifact into ``out`` atomically.
+
+        Args:
+            model: the compiled model (not modified).
+            target: the target profile.
+            out: the output folder; replaced only after everything succeeded.
+            finalize: called as ``finalize(staging_folder, info)`` after :meth:`write`, to add
+                files (the CLI's check and ``report.json``) before the folder is published.
+
+        Returns:
+            the dict returned by :meth:`write`.
+        """
+        with atomic_output_dir(out) as staging:
+            info = self.write(model, target, staging)
+            if finalize is not None:
+                finalize(staging, info)
+        return info
+
+
+class _NotImplementedEmitter(Emitter):
+    implemented = False
+
+    def __init__(self, name: str, label: str):
+        self.name, self.label = name, label
+
+    def error(self) -> UserError:
+        return UserError(f"the {self.label} emitter is not implemented in this version; use "
+                         "--emit onnxruntime")
+
+    def write(self, model, target, folder):
+        raise self.error()
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: str) -> Iterator[str]:
+    """Yield a fresh staging folder next to ``out``; on success rename it onto ``out``.
+
+    An existing ``out`` is replaced only after the body succeeded (it is moved aside, the staging
+    folder renamed into place, then the old one deleted). On any exception the staging folder is
+    deleted and ``out`` is left as it was.
+
+    Raises:
+        UserError: ``out`` exists and is a file, or its parent folder cannot be created.
+    """
+    out = os.path.abspath(out)
+    if os.path.isfile(out):
+        raise UserError(f"output '{out}' is a file; give a folder path with -o")
+    parent = os.path.dirname(out)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the output's parent folder '{parent}': {e.strerror}")
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = None
+    if os.path.exists(out):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)
+        os.rmdir(old)
+        os.rename(out, old)
+    os.rename(staging, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    logger.info("wrote %s", out)
+
+
+def _registry() -> Dict[str, Emitter]:
+    from passctl.targets.onnxruntime.emit import OnnxRuntimeEmitter
+
+    return {
+        "onnxruntime": OnnxRuntimeEmitter(),
+        "tvm": _NotImplementedEmitter("tvm", "TVM"),
+        "tensorrt": _NotImplementedEmitter("tensorrt", "TensorRT"),
+    }
+
+
+def emitter_names() -> List[str]:
+    """Names accepted by ``--emit`` (including those not implemented yet)."""
+    return list(_registry())
+
+
+def get_emitter(name: str) -> Emitter:
+    """The emitter called ``name``.
+
+    Raises:
+        UserError: unknown name (closest names suggested), or an emitter that is not implemented
+            in this version (``tvm``, ``tensorrt``).
+    """
+    reg = _registry()
+    emitter = reg.get(name.strip().lower())
+    if emitter is None:
+        close = difflib.get_close_matches(name.lower(), list(reg), n=2, cutoff=0.4)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        raise UserError(f"unknown emitter '{name}': {hint}known emitters: {', '.join(reg)}")
+    if not emitter.implemented:
+        raise emitter.error()
+    return emitter

@@ -1,0 +1,162 @@
+"""Write an ONNX Runtime artifact (model.onnx, external data when large, session.json) and prove it loads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from passctl.ir import Graph, Model, Tensor
+from passctl.targets.base import EmitError, Emitter
+from passctl.targets.profiles import TargetProfile
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+SESSION_FILE = "session.json"
+SESSION_SCHEMA = "passctl.onnxruntime.session/1"
+
+#: Above this many bytes of initializer data the weights go to ``model.onnx.data`` (protobuf
+#: refuses messages over 2 GiB; external data also lets ONNX Runtime memory-map the weights).
+EXTERNAL_DATA_THRESHOLD = 1 << 30
+
+
+def weight_bytes(graph: Graph) -> int:
+    """Bytes of constant data in ``graph`` and its subgraphs: initializers and tensor attributes."""
+    total = sum(v.const.nbytes for v in graph.initializers.values() if v.const is not None)
+    for node in graph:
+        for attr in node.attributes.values():
+            if isinstance(attr.value, Tensor):
+                total += attr.value.nbytes
+        for sub in node.subgraphs():
+            total += weight_bytes(sub)
+    return total
+
+
+def session_config(target: TargetProfile) -> Dict[str, Any]:
+    """The ``session.json`` content for ``target``.
+
+    Keys: ``schema``; ``model`` (file name); ``target`` (profile dict); ``graph_optimization_level``
+    (an ``onnxruntime.GraphOptimizationLevel`` name); ``intra_op_num_threads`` (0 = ONNX Runtime's
+    default, one per physical core); ``execution_providers`` (``[name, options]`` pairs in priority
+    order, ``CPUExecutionProvider`` last as fallback); ``optional_execution_providers`` (providers
+    to put first when the runtime has them: the TensorRT EP on GPUs, with fp16/int8 flags from the
+    profile's fast dtypes).
+    """
+    providers: List[List[Any]] = []
+    for name in target.ort_providers:
+        options: Dict[str, Any] = {}
+        if name == "CUDAExecutionProvider":
+            options = {"device_id": 0}
+        providers.append([name, options])
+    optional: List[List[Any]] = []
+    for name in target.ort_optional_providers:
+        if name == "TensorrtExecutionProvider":
+            optional.append([name, {
+                "device_id": 0,
+                "trt_fp16_enable": target.supports("fp16"),
+                # INT8 in TensorRT needs a calibration table; passctl does not write one yet.
+                "trt_int8_enable": False,
+                "trt_engine_cache_enable": True,
+                "trt_engine_cache_path": "trt_cache",
+            }])
+    return {
+        "schema": SESSION_SCHEMA,
+        "model": MODEL_FILE,
+        "target": target.to_dict(),
+        "graph_optimization_level": "ORT_ENABLE_ALL",
+        "intra_op_num_threads": 0,
+        "execution_providers": providers,
+        "optional_execution_providers": optional,
+    }
+
+
+def create_session(folder: str, providers: Optional[Sequence[str]] = None):
+    """Open an emitted artifact as an ``onnxruntime.InferenceSession``.
+
+    Reads ``folder/session.json``; uses its execution providers that this ONNX Runtime build has
+    (always at least ``CPUExecutionProvider``), or only ``providers`` when given.
+
+    Raises:
+        FileNotFoundError: ``folder`` has no ``session.json``.
+    """
+    import onnxruntime as ort
+
+    with open(os.path.join(folder, SESSION_FILE)) as f:
+        cfg = json.load(f)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, cfg["graph_optimization_level"])
+    so.intra_op_num_threads = int(cfg["intra_op_num_threads"])
+    available = set(ort.get_available_providers())
+    chosen = [(n, o) for n, o in cfg["execution_providers"]
+              if n in available and (providers is None or n in providers)]
+    if not chosen:
+        chosen = [("CPUExecutionProvider", {})]
+    return ort.InferenceSession(os.path.join(folder, cfg["model"]), so,
+                                providers=[n for n, _ in chosen],
+                                provider_options=[o for _, o in chosen])
+
+
+class OnnxRuntimeEmitter(Emitter):
+    """The ``onnxruntime`` emitter (the default for every target).
+
+    Writes ``model.onnx`` (weights in ``model.onnx.data`` when they exceed
+    ``external_data_threshold`` bytes) and ``session.json`` (see :func:`session_config`), then
+    opens the model once in ONNX Runtime with the CPU provider to prove it loads.
+    """
+
+    name = "onnxruntime"
+
+    def __init__(self, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD):
+        self.external_data_threshold = external_data_threshold
+
+    def write(self, model: Model, target: TargetProfile, folder: str) -> Dict[str, Any]:
+        """Write the artifact into ``folder`` (see :meth:`Emitter.write`).
+
+        Returns:
+            ``{"emitter", "files", "external_data", "weight_bytes", "session", "load_check"}``
+            where ``load_check`` is ``{"ok", "provider", "seconds", "inputs", "outputs"}``.
+
+        Raises:
+            EmitError: ONNX Runtime cannot load the written model.
+        """
+        from passctl.ir.onnx_export import save
+
+        nbytes = weight_bytes(model.graph)
+        external = nbytes > self.external_data_threshold
+        path = os.path.join(folder, MODEL_FILE)
+        save(model, path, external_data=DATA_FILE if external else None)
+        cfg = session_config(target)
+        with open(os.path.join(folder, SESSION_FILE), "w") as f:
+            json.dump(cfg, f, indent=2)
+            f.write("\n")
+        load = _load_check(path)
+        files = sorted(os.listdir(folder))
+        logger.info("onnxruntime artifact: %s (%d weight bytes, external=%s)", files, nbytes,
+                    external)
+        return {"emitter": self.name, "files": files, "external_data": external,
+                "weight_bytes": nbytes, "session": SESSION_FILE, "load_check": load}
+
+
+def _load_check(path: str) -> Dict[str, Any]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    start = time.perf_counter()
+    try:
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
+        raise EmitError(f"ONNX Runtime cannot load the emitted model: {str(e).splitlines()[0]}") \
+            from e
+    seconds = time.perf_counter() - start
+    return {
+        "ok": True,
+        "provider": "CPUExecutionProvider",
+        "seconds": round(seconds, 4),
+        "inputs": [i.name for i in sess.get_inputs()],
+        "outputs": [o.name for o in sess.get_outputs()],
+    }

@@ -1,0 +1,121 @@
+"""Target profiles: what passctl knows about each device it compiles for (cpu and NVIDIA GPUs)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from passctl.ir.errors import UserError
+
+#: The reduced-precision dtypes a profile may list as having a fast path.
+FAST_DTYPES = ("tf32", "fp16", "bf16", "int8", "fp8")
+
+_GB = 10**9
+
+
+@dataclass(frozen=True)
+class TargetProfile:
+    """One compilation target.
+
+    Attributes:
+        name: the ``--target`` name (lower case, e.g. ``"a10"``).
+        description: one line for ``passctl list-targets``.
+        compute_capability: the CUDA compute capability as ``(major, minor)`` (``(8, 6)`` for
+            sm_86), or None for the CPU.
+        memory_bytes: device memory as marketed (decimal gigabytes, e.g. 24 GB = 24e9 bytes); None
+            for the CPU, whose memory is the host's.
+        fast_dtypes: reduced-precision dtypes with tensor-core fast paths on this device, a subset of
+            :data:`FAST_DTYPES` (NVIDIA architecture whitepapers: Turing adds fp16/int8 tensor cores,
+            Ampere adds tf32/bf16, Ada and Hopper add fp8). Empty for the CPU: passctl claims nothing
+            about the host's instruction set.
+        default_emitter: the emitter used without ``--emit`` (``"onnxruntime"`` until the TVM and
+            TensorRT emitters exist).
+        ort_providers: ONNX Runtime execution providers in priority order, CPU last as fallback.
+        ort_optional_providers: providers the artifact may use when the runtime has them (the
+            TensorRT execution provider on GPUs); listed in ``session.json`` but not enabled.
+    """
+
+    name: str
+    description: str
+    compute_capability: Optional[Tuple[int, int]]
+    memory_bytes: Optional[int]
+    fast_dtypes: Tuple[str, ...]
+    default_emitter: str = "onnxruntime"
+    ort_providers: Tuple[str, ...] = ("CPUExecutionProvider",)
+    ort_optional_providers: Tuple[str, ...] = field(default=())
+
+    @property
+    def is_gpu(self) -> bool:
+        """True for the CUDA profiles."""
+        return self.compute_capability is not None
+
+    @property
+    def sm(self) -> Optional[str]:
+        """The compute capability as ``"sm_86"``, or None for the CPU."""
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+    def supports(self, dtype: str) -> bool:
+        """Whether ``dtype`` (one of :data:`FAST_DTYPES`) has a fast path on this target."""
+        return dtype in self.fast_dtypes
+
+    def to_dict(self) -> Dict[str, object]:
+        """A JSON-ready description (used in ``report.json`` and ``session.json``)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "compute_capability": self.sm,
+            "memory_bytes": self.memory_bytes,
+            "fast_dtypes": list(self.fast_dtypes),
+            "default_emitter": self.default_emitter,
+        }
+
+
+_GPU_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
+_GPU_OPTIONAL = ("TensorrtExecutionProvider",)
+
+
+def _gpu(name: str, description: str, cc: Tuple[int, int], gb: int,
+         fast: Tuple[str, ...]) -> TargetProfile:
+    return TargetProfile(name, description, cc, gb * _GB, fast, "onnxruntime", _GPU_PROVIDERS,
+                         _GPU_OPTIONAL)
+
+
+_PROFILES: Dict[str, TargetProfile] = {p.name: p for p in (
+    TargetProfile("cpu", "the host CPU through ONNX Runtime's CPU execution provider", None, None,
+                  ()),
+    _gpu("t4", "NVIDIA T4 (Turing), 16 GB", (7, 5), 16, ("fp16", "int8")),
+    _gpu("a10", "NVIDIA A10 (Ampere), 24 GB", (8, 6), 24, ("tf32", "fp16", "bf16", "int8")),
+    _gpu("l4", "NVIDIA L4 (Ada Lovelace), 24 GB", (8, 9), 24,
+         ("tf32", "fp16", "bf16", "int8", "fp8")),
+    _gpu("a100", "NVIDIA A100 (Ampere), 80 GB", (8, 0), 80, ("tf32", "fp16", "bf16", "int8")),
+    _gpu("a100-40gb", "NVIDIA A100 (Ampere), 40 GB", (8, 0), 40,
+         ("tf32", "fp16", "bf16", "int8")),
+    _gpu("h100", "NVIDIA H100 (Hopper), 80 GB", (9, 0), 80,
+         ("tf32", "fp16", "bf16", "int8", "fp8")),
+    _gpu("h200", "NVIDIA H200 (Hopper), 141 GB", (9, 0), 141,
+         ("tf32", "fp16", "bf16", "int8", "fp8")),
+)}
+
+
+def list_targets() -> List[TargetProfile]:
+    """Every known target profile, CPU first, then GPUs in the order above."""
+    return list(_PROFILES.values())
+
+
+def get_target(name: str) -> TargetProfile:
+    """The profile called ``name`` (case-insensitive).
+
+    Raises:
+        UserError: no such target; the message names the closest known targets.
+    """
+    key = name.strip().lower()
+    if key in _PROFILES:
+        return _PROFILES[key]
+    close = difflib.get_close_matches(key, list(_PROFILES), n=3, cutoff=0.4)
+    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+    raise UserError(f"unknown target '{name}': {hint}known targets: {', '.join(_PROFILES)} "
+                    "(see `passctl list-targets`)")
