@@ -46,12 +46,14 @@ class Builder:
         ``output_names`` or the op type.
         """
         attributes = {k: v for k, v in attrs.items() if v is not None}
-        outs = []
+        outs: List[Value] = []
+        pending: set = set()
         for i in range(outputs):
             base = output_names[i] if i < len(output_names) else f"{op_type.lower()}_out"
-            outs.append(Value(self._fresh(base)))
+            outs.append(Value(self._fresh(base, pending)))
+            pending.add(outs[-1].name)
         node = Node(domain, op_type, list(inputs), attributes, outs,
-                    name=self._fresh(name or op_type), provenance=self.provenance)
+                    name=self._fresh(name or op_type, pending), provenance=self.provenance)
         if self.insert:
             self.graph.insert_before(self.before, node)
         self.nodes.append(node)
@@ -61,8 +63,9 @@ class Builder:
         """A new initializer holding ``array`` (numpy array or Tensor)."""
         return self.graph.add_constant(array, name)
 
-    def _fresh(self, base: str) -> str:
+    def _fresh(self, base: str, pending: set = frozenset()) -> str:
         taken = {v.name for n in self.nodes for v in n.outputs} | {n.name for n in self.nodes}
+        taken |= pending
         name = self.graph.fresh_name(base)
         i = 0
         while name in taken:

@@ -65,7 +65,7 @@ class Attr:
 
         if isinstance(value, Attr):
             return value
-        if isinstance(value, bool) or isinstance(value, (int, np.integer)):
+        if isinstance(value, (bool, np.bool_, int, np.integer)):
             return cls(name, AttrType.INT, int(value))
         if isinstance(value, (float, np.floating)):
             return cls(name, AttrType.FLOAT, float(value))
@@ -82,7 +82,7 @@ class Attr:
                 raise TypeError(f"attribute '{name}': cannot tell the kind of an empty list; "
                                 "build Attr(name, AttrType.INTS, ()) explicitly")
             first = value[0]
-            if isinstance(first, (bool, int, np.integer)):
+            if isinstance(first, (bool, np.bool_, int, np.integer)):
                 return cls(name, AttrType.INTS, tuple(int(v) for v in value))
             if isinstance(first, (float, np.floating)):
                 return cls(name, AttrType.FLOATS, tuple(float(v) for v in value))
@@ -208,8 +208,8 @@ class Node:
     """
 
     __slots__ = ("domain", "op_type", "overload", "name", "_inputs", "_outputs", "attributes",
-                 "doc_string", "metadata_props", "provenance", "graph", "_prev", "_next",
-                 "_erased", "__weakref__")
+                 "doc_string", "metadata_props", "provenance", "graph", "_link",
+                 "__weakref__")
 
     def __init__(self, domain: str, op_type: str, inputs: Sequence[Optional[Value]] = (),
                  attributes: Union[Mapping[str, Any], Sequence[Attr], None] = None,
@@ -224,9 +224,8 @@ class Node:
         self.metadata_props = dict(metadata_props or {})
         self.provenance: Tuple[str, ...] = tuple(provenance)
         self.graph: Optional[Graph] = None
-        self._prev: Optional[Node] = None
-        self._next: Optional[Node] = None
-        self._erased = False
+        # This node's cell in its graph's node list (None while in no graph).
+        self._link: Optional[_Link] = None
         self.attributes: Dict[str, Attr] = {}
         if attributes:
             items = attributes.values() if isinstance(attributes, Mapping) and all(
@@ -237,6 +236,8 @@ class Node:
             else:
                 for a in items:
                     self.attributes[a.name] = a
+        for sub in self.subgraphs():
+            sub.parent = self
         self._inputs: Tuple[Optional[Value], ...] = ()
         self._inputs = tuple(inputs)
         for i, v in enumerate(self._inputs):
@@ -263,8 +264,18 @@ class Node:
         return self._outputs
 
     def set_input(self, index: int, value: Optional[Value]) -> None:
-        """Set input ``index`` (appending None-padded inputs if needed), keeping use lists exact."""
+        """Set input ``index`` (appending None-padded inputs if needed), keeping use lists exact.
+
+        A negative ``index`` counts from the end, as in Python.
+
+        Raises:
+            IndexError: a negative ``index`` before the first input.
+        """
         ins = list(self._inputs)
+        if index < 0:
+            if index < -len(ins):
+                raise IndexError(f"{self!r}: input index {index} out of range ({len(ins)} inputs)")
+            index += len(ins)
         while index >= len(ins):
             ins.append(None)
         old = ins[index]
@@ -292,16 +303,30 @@ class Node:
                 v._uses[(self, i)] = None
 
     def append_output(self, value: Optional[Value] = None) -> Value:
+        """Add an output (a new Value when None) and return it.
+
+        Raises:
+            ValueError: the value is already produced by another node.
+        """
         value = Value() if value is None else value
+        if value.producer is not None and value.producer is not self:
+            raise ValueError(f"value '{value.name}' already has a producer ({value.producer!r})")
         value.producer = self
         value.index = len(self._outputs)
         self._outputs = self._outputs + (value,)
         return value
 
     def set_outputs(self, values: Sequence[Value]) -> None:
-        """Replace the output list (values that leave must be unused)."""
+        """Replace the output list (values that leave must be unused).
+
+        Raises:
+            ValueError: a new value is already produced by another node.
+        """
+        for v in values:
+            if v.producer is not None and v.producer is not self:
+                raise ValueError(f"value '{v.name}' already has a producer ({v.producer!r})")
         for v in self._outputs:
-            if v not in values:
+            if not any(v is w for w in values):
                 v.producer = None
                 v.index = None
         self._outputs = tuple(values)
@@ -316,7 +341,13 @@ class Node:
         return default if a is None else a.value
 
     def set_attr(self, name: str, value: Any) -> None:
-        self.attributes[name] = Attr.infer(name, value)
+        """Set attribute ``name`` (kind inferred by :meth:`Attr.infer`); subgraphs get this parent."""
+        attr = Attr.infer(name, value)
+        if attr.name != name:
+            attr = Attr(name, attr.type, attr.value, attr.doc_string, attr.ref_attr_name)
+        self.attributes[name] = attr
+        for sub in attr.graphs():
+            sub.parent = self
 
     def subgraphs(self) -> List["Graph"]:
         return [g for a in self.attributes.values() for g in a.graphs()]
@@ -329,11 +360,19 @@ class Node:
 
     @property
     def next(self) -> Optional["Node"]:
-        return self._next if self.graph is not None else None
+        """The following node of its graph (None at the end or outside a graph)."""
+        link = self._link
+        if link is None or link.next.node is None:
+            return None
+        return link.next.node
 
     @property
     def prev(self) -> Optional["Node"]:
-        return self._prev if self.graph is not None else None
+        """The preceding node of its graph (None at the start or outside a graph)."""
+        link = self._link
+        if link is None or link.prev.node is None:
+            return None
+        return link.prev.node
 
     def __repr__(self):
         return f"Node({self.qualified_op} {self.name!r})"
@@ -359,8 +398,8 @@ class Graph:
         self.initializers: Dict[str, Value] = {}
         # The node whose attribute holds this graph (None for a model's main graph / function body).
         self.parent: Optional[Node] = None
-        self._head: Optional[Node] = None
-        self._tail: Optional[Node] = None
+        # Sentinel of the circular doubly linked node list.
+        self._root = _Link(None)
         self._count = 0
         self._name_counter = itertools.count()
         for v in inputs:
@@ -411,21 +450,20 @@ class Graph:
 
     # -- node list ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Node]:
-        node = self._head
-        while node is not None:
-            if not node._erased:
-                yield node
-            node = node._next
-            # A node erased after the iterator passed it keeps its _next; skip erased successors.
-            while node is not None and node._erased:
-                node = node._next
+        """The nodes in order. Removing or inserting nodes while iterating is safe: a removed
+        node's cell keeps its successor, so the walk goes on from where it was."""
+        link = self._root.next
+        while link is not self._root:
+            if not link.erased:
+                yield link.node
+            link = link.next
 
     def __reversed__(self) -> Iterator[Node]:
-        node = self._tail
-        while node is not None:
-            if not node._erased:
-                yield node
-            node = node._prev
+        link = self._root.prev
+        while link is not self._root:
+            if not link.erased:
+                yield link.node
+            link = link.prev
 
     def __len__(self) -> int:
         return self._count
@@ -435,72 +473,91 @@ class Graph:
         """A list copy of the nodes, in order."""
         return list(self)
 
-    def _link(self, node: Node, prev: Optional[Node], nxt: Optional[Node]) -> None:
-        if node.graph is not None:
-            raise ValueError(f"node {node!r} already belongs to graph '{node.graph.name}'")
+    def _link_before(self, node: Node, nxt: "_Link") -> None:
+        link = _Link(node)
+        link.prev, link.next = nxt.prev, nxt
+        nxt.prev.next = link
+        nxt.prev = link
         node.graph = self
-        node._erased = False
-        node._prev, node._next = prev, nxt
-        if prev is None:
-            self._head = node
-        else:
-            prev._next = node
-        if nxt is None:
-            self._tail = node
-        else:
-            nxt._prev = node
+        node._link = link
         self._count += 1
         for sub in node.subgraphs():
             sub.parent = node
 
+    def _check_insertable(self, anchor: Optional[Node], nodes: List[Node]) -> None:
+        if anchor is not None:
+            self._check_member(anchor)
+        seen = set()
+        for n in nodes:
+            if n.graph is not None:
+                raise ValueError(f"node {n!r} already belongs to graph '{n.graph.name}'; remove it "
+                                 "there first")
+            if n in seen:
+                raise ValueError(f"node {n!r} appears twice in the nodes to insert")
+            seen.add(n)
+
     def append(self, node: Node) -> Node:
-        self._link(node, self._tail, None)
+        """Add ``node`` at the end.
+
+        Raises:
+            ValueError: the node already belongs to a graph.
+        """
+        self._check_insertable(None, [node])
+        self._link_before(node, self._root)
         return node
 
     def extend(self, nodes: Iterable[Node]) -> None:
-        for n in nodes:
-            self.append(n)
+        self.insert_before(None, list(nodes))
 
     def insert_before(self, anchor: Optional[Node], nodes: Union[Node, Sequence[Node]]) -> None:
-        """Insert ``nodes`` (in order) before ``anchor``; at the end when ``anchor`` is None."""
+        """Insert ``nodes`` (in order) before ``anchor``; at the end when ``anchor`` is None.
+
+        Raises:
+            ValueError: ``anchor`` is not in this graph, or a node already belongs to a graph or
+                appears twice (checked before anything changes).
+        """
         nodes = [nodes] if isinstance(nodes, Node) else list(nodes)
+        self._check_insertable(anchor, nodes)
+        nxt = self._root if anchor is None else anchor._link
         for n in nodes:
-            if anchor is None:
-                self.append(n)
-            else:
-                self._check_member(anchor)
-                self._link(n, anchor._prev, anchor)
+            self._link_before(n, nxt)
 
     def insert_after(self, anchor: Optional[Node], nodes: Union[Node, Sequence[Node]]) -> None:
-        """Insert ``nodes`` (in order) after ``anchor``; at the start when ``anchor`` is None."""
+        """Insert ``nodes`` (in order) after ``anchor``; at the start when ``anchor`` is None.
+
+        Raises:
+            ValueError: as :meth:`insert_before`.
+        """
         nodes = [nodes] if isinstance(nodes, Node) else list(nodes)
+        self._check_insertable(anchor, nodes)
+        nxt = self._root.next if anchor is None else anchor._link.next
         for n in nodes:
-            if anchor is None:
-                self._link(n, None, self._head)
-            else:
-                self._check_member(anchor)
-                self._link(n, anchor, anchor._next)
-            anchor = n
+            self._link_before(n, nxt)
 
     def _check_member(self, node: Node) -> None:
         if node.graph is not self:
             raise ValueError(f"node {node!r} is not in graph '{self.name}'")
 
     def remove(self, nodes: Union[Node, Sequence[Node]], safe: bool = True) -> None:
-        """Remove ``nodes`` from the graph and detach their inputs.
+        """Remove ``nodes`` from the graph and detach their inputs (and those of the nodes in their
+        subgraphs, so outer values do not keep uses by nodes that left the graph).
 
         With ``safe`` (the default) nothing changes unless every output of every removed node is
-        unused outside the removed set and is no graph output.
+        unused outside the removed set (nodes inside removed nodes' subgraphs count as removed) and
+        is no graph output.
 
         Raises:
             ValueError: (``safe``) a removed node's output is still used or is a graph output; or a
-                node is not in this graph.
+                node is not in this graph. Nothing has changed when it raises.
         """
-        nodes = [nodes] if isinstance(nodes, Node) else list(nodes)
+        nodes = [nodes] if isinstance(nodes, Node) else list(dict.fromkeys(nodes))
         for n in nodes:
             self._check_member(n)
         if safe:
             removing = set(nodes)
+            for n in nodes:
+                for sub in n.subgraphs():
+                    removing.update(sub.all_nodes())
             outs = {id(o) for o in self.outputs}
             for n in nodes:
                 for v in n.outputs:
@@ -513,16 +570,15 @@ class Graph:
                                              f"by {user!r}")
         for n in nodes:
             n.set_inputs(())
-            prev, nxt = n._prev, n._next
-            if prev is None:
-                self._head = nxt
-            else:
-                prev._next = nxt
-            if nxt is None:
-                self._tail = prev
-            else:
-                nxt._prev = prev
-            n._erased = True
+            for sub in n.subgraphs():
+                for inner in sub.all_nodes():
+                    inner.set_inputs(())
+            link = n._link
+            link.prev.next = link.next
+            link.next.prev = link.prev
+            # The cell keeps prev/next so an iterator standing on it can go on.
+            link.erased = True
+            n._link = None
             n.graph = None
             self._count -= 1
 
@@ -536,25 +592,49 @@ class Graph:
         their names. The old nodes are then removed.
 
         Raises:
-            ValueError: the value lists differ in length, or an old node's output is still used
-                outside the replaced set after the rewiring.
+            ValueError: the value lists differ in length, a new node already belongs to a graph, or
+                an old node's output that is not in ``old_values`` is still used outside the
+                replaced set or is a graph output. Nothing has changed when it raises.
         """
         if len(old_values) != len(new_values):
             raise ValueError("replace_nodes: old_values and new_values differ in length")
+        old_nodes = list(dict.fromkeys(old_nodes))
+        for n in old_nodes:
+            self._check_member(n)
+        old_set = set(old_nodes)
+        for n in old_nodes:
+            for sub in n.subgraphs():
+                old_set.update(sub.all_nodes())
+        replaced = {id(v) for v in old_values}
+        outs = {id(o) for o in self.outputs}
+        for n in old_nodes:
+            for v in n.outputs:
+                if id(v) in replaced:
+                    continue
+                if id(v) in outs:
+                    raise ValueError(f"replace_nodes: output '{v.name}' of {n!r} is a graph output "
+                                     "but not in old_values")
+                for user, _ in v.uses():
+                    if user not in old_set:
+                        raise ValueError(f"replace_nodes: output '{v.name}' of {n!r} is still used "
+                                         f"by {user!r} but not in old_values")
+        anchor = next((n for n in self if n in old_set), None)
+        self._check_insertable(anchor, list(new_nodes))
         prov = union_provenance(old_nodes)
         for n in new_nodes:
             if not n.provenance:
                 n.provenance = prov
-        old_set = set(old_nodes)
-        anchor = next((n for n in self if n in old_set), None)
         self.insert_before(anchor, list(new_nodes))
         for old, new in zip(old_values, new_values):
             old.replace_all_uses_with(new, replace_graph_outputs=True)
-        self.remove(list(old_nodes), safe=True)
+        self.remove(old_nodes, safe=True)
 
     # -- names ----------------------------------------------------------------------------------
     def fresh_name(self, prefix: str = "v") -> str:
-        """A value/node name not used in this graph (or its ancestors), built from ``prefix``."""
+        """A value/node name not used in this graph, its subgraphs or its ancestors, from ``prefix``.
+
+        Cost: one walk over the graph (linear in its size) per call.
+        """
         taken = self._names()
         if prefix not in taken:
             return prefix
@@ -564,15 +644,21 @@ class Graph:
                 return cand
 
     def _names(self) -> set:
-        names = set(self.initializers)
+        root: Graph = self
+        while root.parent is not None and root.parent.graph is not None:
+            root = root.parent.graph
+        names: set = set()
+        root._collect_names(names)
+        return names
+
+    def _collect_names(self, names: set) -> None:
+        names.update(self.initializers)
         names.update(v.name for v in self.inputs)
-        for n in self.all_nodes():
+        for n in self:
             names.update(v.name for v in n.outputs)
             names.add(n.name)
-        g = self.parent.graph if self.parent is not None else None
-        if g is not None:
-            names |= g._names()
-        return names
+            for sub in n.subgraphs():
+                sub._collect_names(names)
 
     # -- traversal ------------------------------------------------------------------------------
     def all_nodes(self) -> Iterator[Node]:
@@ -582,10 +668,11 @@ class Graph:
             for sub in n.subgraphs():
                 yield from sub.all_nodes()
 
-    def sort(self) -> None:
+    def sort(self, recursive: bool = True) -> None:
         """Topologically sort the nodes, keeping the current order wherever it is valid.
 
-        Outer-scope values read inside a node's subgraphs count as that node's inputs.
+        Outer-scope values read inside a node's subgraphs count as that node's inputs. With
+        ``recursive`` the subgraphs are sorted too.
 
         Raises:
             ValueError: the graph has a cycle (the message names a node on it).
@@ -605,22 +692,34 @@ class Graph:
         except nx.NetworkXUnfeasible:
             cycle = nx.find_cycle(dg)
             raise ValueError(f"graph '{self.name}' has a cycle through {order[cycle[0][0]]!r}")
-        # Relink in the new order without touching use lists.
-        prev = None
+        # Relink the existing cells in the new order (use lists are untouched).
+        prev = self._root
         for i in sorted_ids:
-            n = order[i]
-            n._prev = prev
-            if prev is None:
-                self._head = n
-            else:
-                prev._next = n
-            prev = n
-        if prev is not None:
-            prev._next = None
-        self._tail = prev
+            link = order[i]._link
+            link.prev = prev
+            prev.next = link
+            prev = link
+        prev.next = self._root
+        self._root.prev = prev
+        if recursive:
+            for n in order:
+                for sub in n.subgraphs():
+                    sub.sort(recursive=True)
 
     def __repr__(self):
         return f"Graph({self.name!r}, {len(self)} nodes)"
+
+
+class _Link:
+    """One cell of a graph's circular doubly linked node list (the root cell has no node)."""
+
+    __slots__ = ("node", "prev", "next", "erased")
+
+    def __init__(self, node: Optional[Node]):
+        self.node = node
+        self.prev: _Link = self
+        self.next: _Link = self
+        self.erased = False
 
 
 def implicit_inputs(node: Node) -> List[Value]:
