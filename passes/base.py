@@ -18,6 +18,14 @@ class PassResult:
     stats: Dict[str, Any] = field(default_factory=dict)
 
 
+class PreconditionError(Exception):
+    """Raised by :meth:`Pass.requires` when a model does not meet a pass's preconditions."""
+
+
+class PostconditionError(Exception):
+    """Raised by :meth:`Pass.ensures` when a pass did not establish what it promises."""
+
+
 class Pass:
     """Base class of all passes.
 
@@ -41,8 +49,28 @@ class Pass:
         """Rewrite ``model`` in place; return whether it changed and the statistics."""
         raise NotImplementedError
 
+    def requires(self, model: Model) -> None:
+        """Check what the pass needs before it runs (as onnx_ir's ``requires``); no-op by default.
+
+        Raises:
+            PreconditionError: the model is not in a form this pass accepts.
+        """
+
+    def ensures(self, model: Model) -> None:
+        """Check what the pass promises after it ran (as onnx_ir's ``ensures``); no-op by default.
+
+        Raises:
+            PostconditionError: the pass did not establish what it promises.
+        """
+
     def __call__(self, model: Model) -> PassResult:
-        return self.run(model)
+        self.requires(model)
+        result = self.run(model)
+        if not isinstance(result, PassResult):
+            raise TypeError(f"pass '{self.name}': run() returned {type(result).__name__}, "
+                            "expected PassResult")
+        self.ensures(model)
+        return result
 
     @classmethod
     def option_fields(cls):
