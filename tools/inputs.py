@@ -1,0 +1,204 @@
+"""Seeded random inputs for a model's declared graph inputs (used by every numeric check)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Dict, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+
+from passctl.ir.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH = 1
+DEFAULT_SEQUENCE = 16
+DEFAULT_SPATIAL = 32
+DEFAULT_OTHER = 16
+ID_HIGH = 1000
+OTHER_INT_HIGH = 10
+
+_BATCH_NAME = re.compile(r"batch|^n$|^b$|^bs$|^num_seq", re.IGNORECASE)
+_SEQUENCE_NAME = re.compile(r"seq|len|time|token|step|frames", re.IGNORECASE)
+
+
+def _load_header(model: Union[onnx.ModelProto, str]) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        return onnx.load(str(model), load_external_data=False)
+    except (OSError, DecodeError) as error:
+        raise UserError(f"{model}: cannot read the ONNX model ({error}); pass a valid .onnx path") from error
+
+
+def graph_inputs(model: onnx.ModelProto) -> list:
+    """The graph inputs that are not initializers (IR version < 4 lists initializers as inputs too).
+
+    Args:
+        model: The ONNX model.
+
+    Returns:
+        The ``onnx.ValueInfoProto`` of every real input, in graph order.
+    """
+    initializers = {init.name for init in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in initializers]
+
+
+def _elem_dtype(value: onnx.ValueInfoProto) -> np.dtype:
+    if not value.type.HasField("tensor_type"):
+        raise UserError(f"graph input '{value.name}' is not a tensor ({value.type.WhichOneof('value')}); "
+                        "give it in overrides")
+    elem_type = value.type.tensor_type.elem_type
+    if elem_type == onnx.TensorProto.STRING:
+        raise UserError(f"graph input '{value.name}' is a string tensor; give it in overrides")
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def _default_dim(input_name: str, dim_name: str, axis: int, rank: int) -> int:
+    """The default of one unknown dimension (rules 4-7 of :func:`make_inputs`)."""
+    if dim_name and _BATCH_NAME.search(dim_name):
+        return DEFAULT_BATCH
+    if dim_name and _SEQUENCE_NAME.search(dim_name):
+        return DEFAULT_SEQUENCE
+    if axis == 0 and rank > 1:
+        return DEFAULT_BATCH
+    if rank == 4 and axis in (2, 3):
+        return DEFAULT_SPATIAL
+    if rank in (1, 2):
+        return DEFAULT_SEQUENCE
+    return DEFAULT_OTHER
+
+
+def _resolve_shape(value: onnx.ValueInfoProto, dim_values: Mapping[str, int],
+                   bound: Dict[str, int]) -> tuple:
+    tensor_type = value.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        raise UserError(f"graph input '{value.name}' has no declared shape (unknown rank); "
+                        "give it in overrides")
+    dims = tensor_type.shape.dim
+    shape = []
+    for axis, dim in enumerate(dims):
+        if dim.HasField("dim_value") and dim.dim_value > 0:
+            shape.append(dim.dim_value)
+            continue
+        dim_name = dim.dim_param if dim.HasField("dim_param") else ""
+        positional = f"{value.name}[{axis}]"
+        if positional in dim_values:
+            size = int(dim_values[positional])
+        elif dim_name and dim_name in dim_values:
+            size = int(dim_values[dim_name])
+        elif dim_name and dim_name in bound:
+            size = bound[dim_name]
+        else:
+            size = _default_dim(value.name, dim_name, axis, len(dims))
+        if dim_name:
+            bound.setdefault(dim_name, size)
+        shape.append(size)
+    return tuple(shape)
+
+
+def _bind_override(value: onnx.ValueInfoProto, array: np.ndarray, bound: Dict[str, int]) -> None:
+    if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+        return
+    dims = value.type.tensor_type.shape.dim
+    if len(dims) != array.ndim:
+        return
+    for dim, size in zip(dims, array.shape):
+        if dim.HasField("dim_param") and dim.dim_param:
+            bound.setdefault(dim.dim_param, int(size))
+
+
+def _random_array(name: str, dtype: np.dtype, shape: Sequence[int], rng: np.random.Generator) -> np.ndarray:
+    """One input array (rules A-F of :func:`make_inputs`)."""
+    lowered = name.lower()
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        if "mask" in lowered:
+            return np.ones(shape, dtype=dtype)
+        if "token_type" in lowered or "segment" in lowered:
+            return np.zeros(shape, dtype=dtype)
+        if "position" in lowered and len(shape) >= 1:
+            return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
+        high = ID_HIGH if "ids" in lowered else OTHER_INT_HIGH
+        if np.iinfo(dtype).max < high:
+            high = int(np.iinfo(dtype).max) + 1
+        return rng.integers(0, high, size=shape).astype(dtype)
+    if np.issubdtype(dtype, np.complexfloating):
+        real = rng.uniform(-1.0, 1.0, size=shape)
+        imag = rng.uniform(-1.0, 1.0, size=shape)
+        return (real + 1j * imag).astype(dtype)
+    # Floating point, including ml_dtypes' bfloat16 and float8 types.
+    return rng.uniform(-1.0, 1.0, size=shape).astype(np.float32).astype(dtype)
+
+
+def make_inputs(model: Union[onnx.ModelProto, str], seed: int = 0,
+                dim_values: Optional[Mapping[str, int]] = None,
+                overrides: Optional[Mapping[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
+    """Seeded random arrays for every declared graph input of ``model`` (initializers excluded).
+
+    Shapes. A dimension with a positive ``dim_value`` is used as declared. Any other dimension (a
+    symbolic ``dim_param``, an empty name, or a value <= 0) is resolved by the first rule that applies:
+
+    1. ``dim_values["<input>[<axis>]"]``, e.g. ``{"x[2]": 48}`` (for unnamed dimensions);
+    2. ``dim_values["<dim_param>"]``, e.g. ``{"batch": 2, "sequence": 128}``;
+    3. the size already bound to the same ``dim_param`` by an earlier input or an override, so inputs
+       that share a symbolic dimension agree;
+    4. a name like ``batch``, ``N``, ``bs`` -> 1; a name with ``seq``, ``len``, ``time``, ``token`` -> 16;
+    5. axis 0 of an input of rank >= 2 -> 1 (batch);
+    6. axes 2 and 3 of a rank-4 input (NCHW spatial dims) -> 32;
+    7. anything else -> 16.
+
+    Values, with ``rng = numpy.random.default_rng(seed)`` drawn in graph-input order:
+
+    A. ``overrides[name]`` wins (converted with ``numpy.asarray``); its shape also binds the input's
+       symbolic dimensions for the other inputs (rule 3).
+    B. bool -> uniform random ``True`` / ``False``.
+    C. integer inputs whose name contains ``mask`` -> ones; ``token_type`` or ``segment`` -> zeros;
+       ``position`` -> ``arange`` along the last axis.
+    D. other integer inputs whose name contains ``ids`` -> uniform in ``[0, 1000)``.
+    E. all other integer inputs -> uniform in ``[0, 10)``.
+    F. floating point (float16/32/64, bfloat16, float8) -> uniform in ``[-1, 1)``, drawn in float32
+       and cast; complex -> real and imaginary parts uniform in ``[-1, 1)``.
+
+    Args:
+        model: An ``onnx.ModelProto`` or the path of an ``.onnx`` file (external data is not read).
+        seed: Seed of ``numpy.random.default_rng``; the same seed gives the same arrays.
+        dim_values: Sizes of unknown dimensions, by ``dim_param`` name or ``"<input>[<axis>]"``.
+        overrides: Arrays to use as given, by input name.
+
+    Returns:
+        ``{input name: array}`` for every graph input, in graph order; dtypes follow the declared
+        element types (e.g. ``float32``, ``int64``, ``bool``).
+
+    Raises:
+        UserError: The file cannot be read, an override names no graph input, or an input without an
+            override is a string, a non-tensor, or has no declared shape.
+    """
+    proto = _load_header(model)
+    dim_values = dict(dim_values or {})
+    overrides = dict(overrides or {})
+    inputs = graph_inputs(proto)
+    by_name = {value.name: value for value in inputs}
+    unknown = sorted(set(overrides) - set(by_name))
+    if unknown:
+        raise UserError(f"overrides name {unknown}, which are not graph inputs of the model "
+                        f"(inputs: {sorted(by_name)}); fix the names")
+    bound: Dict[str, int] = {}
+    converted = {name: np.asarray(array) for name, array in overrides.items()}
+    for name, array in converted.items():
+        _bind_override(by_name[name], array, bound)
+    rng = np.random.default_rng(seed)
+    result: Dict[str, np.ndarray] = {}
+    for value in inputs:
+        if value.name in converted:
+            result[value.name] = converted[value.name]
+            continue
+        dtype = _elem_dtype(value)
+        shape = _resolve_shape(value, dim_values, bound)
+        result[value.name] = _random_array(value.name, dtype, shape, rng)
+        logger.debug("input %s: %s %s", value.name, dtype, shape)
+    return result
