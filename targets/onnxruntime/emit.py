@@ -128,7 +128,7 @@ class OnnxRuntimeEmitter(Emitter):
         nbytes = weight_bytes(model.graph)
         external = nbytes > self.external_data_threshold
         path = os.path.join(folder, MODEL_FILE)
-        save(model, path, external_data=DATA_FILE if external else None)
+        save(model, path, external_data=external, location=DATA_FILE if external else None)
         cfg = session_config(target)
         with open(os.path.join(folder, SESSION_FILE), "w") as f:
             json.dump(cfg, f, indent=2)

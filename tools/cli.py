@@ -1,0 +1,169 @@
+"""The ``passctl`` command line: compile (the default), show, verify, explain, list-passes, list-targets."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from typing import List, Optional, Sequence
+
+from passctl.ir.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_USER_ERROR, EXIT_INTERNAL_ERROR = 0, 2, 3
+SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-targets")
+
+
+class InternalError(Exception):
+    """An unexpected failure; ``reproducer`` is the folder that lets someone re-run it."""
+
+    def __init__(self, message: str, reproducer: Optional[str] = None):
+        super().__init__(message)
+        self.reproducer = reproducer
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are UserErrors (one line, exit 2)."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def _add_compile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="an .onnx file, IR text (.pir), or package:relative/path")
+    p.add_argument("--pipeline", "-p", default="cleanup",
+                   help="comma-separated passes and groups, e.g. 'cleanup,fuse-conv-bn' or "
+                        "'fold-constants{size_limit=1024}' (default: cleanup)")
+    p.add_argument("--target", "-t", default="cpu", help="target profile (see list-targets)")
+    p.add_argument("-o", "--output", dest="out", default=None,
+                   help="output folder (default: ./<model stem>.passctl/)")
+    p.add_argument("--emit", default=None, help="onnxruntime | tvm | tensorrt "
+                   "(default: the target's default emitter)")
+    p.add_argument("--check", action="store_true",
+                   help="run the original and the result in ONNX Runtime on seeded inputs")
+    p.add_argument("--seed", type=int, default=0, help="seed of the check's random inputs")
+    p.add_argument("--rtol", type=float, default=1e-4,
+                   help="largest max-relative error the check accepts (default 1e-4)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="size of a symbolic input dimension for the check (repeatable)")
+    p.add_argument("--inputs", metavar="FILE.npz",
+                   help="arrays by input name to use instead of random ones in the check")
+    p.add_argument("--dump-ir", metavar="DIR", help="write NNN_<pass>.pir and .onnx after each pass")
+    p.add_argument("--timing", action="store_true", help="print a pass timing table")
+    p.add_argument("--verify-each", action="store_true", help="run the verifier after each pass")
+    p.add_argument("--load", action="append", default=[], metavar="FILE.py",
+                   help="import a Python file that registers passes (repeatable)")
+    p.add_argument("--print-ir-before", action="append", default=[], metavar="PASS|all")
+    p.add_argument("--print-ir-after", action="append", default=[], metavar="PASS|all")
+    p.add_argument("--print-ir-after-change", action="store_true",
+                   help="print the IR after every pass that changed it")
+    p.add_argument("--check-each", action="store_true",
+                   help="after every pass, run it in ONNX Runtime against the original")
+    p.add_argument("--reproducer-dir", metavar="DIR",
+                   help="where a crash reproducer goes (default: next to the output folder)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser with one subparser per subcommand."""
+    parser = _Parser(prog="passctl", description=(
+        "Compile a trained model: passctl MODEL --pipeline P --target T -o OUT (same as "
+        "`passctl compile ...`)."))
+    from passctl import __version__
+
+    parser.add_argument("--version", action="version", version=f"passctl {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    _add_compile_args(sub.add_parser("compile", help="run a pipeline and emit an artifact (default)"))
+    show = sub.add_parser("show", help="print a model as IR text (parses back)")
+    show.add_argument("model")
+    show.add_argument("--weights", metavar="FILE",
+                      help="write large weights to FILE (default: reference the source model)")
+    verify = sub.add_parser("verify", help="run the IR verifier and print its diagnostics")
+    verify.add_argument("model")
+    explain = sub.add_parser("explain", help="show why a rewrite rule matches or not in a model")
+    explain.add_argument("rule")
+    explain.add_argument("model")
+    explain.add_argument("--load", action="append", default=[], metavar="FILE.py")
+    lp = sub.add_parser("list-passes", help="registered passes, groups and their options")
+    lp.add_argument("--load", action="append", default=[], metavar="FILE.py")
+    sub.add_parser("list-targets", help="target profiles")
+    return parser
+
+
+def _normalize_argv(argv: Sequence[str]) -> List[str]:
+    """``passctl MODEL ...`` and ``passctl --pipeline P MODEL`` mean ``passctl compile ...``."""
+    argv = list(argv)
+    if not argv or argv[0] in SUBCOMMANDS or argv[0] in ("-h", "--help", "--version"):
+        return argv
+    return ["compile"] + argv
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run passctl with ``argv`` (default ``sys.argv[1:]``); return the exit code.
+
+    Returns:
+        0 on success, 2 for a user error (one line ``passctl: error: ...`` on stderr), 3 for an
+        internal error (one line plus the reproducer folder's path).
+    """
+    from rich.console import Console
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    logging.basicConfig(level=os.environ.get("PASSCTL_LOG", "WARNING").upper(),
+                        format="%(levelname)s %(name)s: %(message)s")
+    out, err = Console(), Console(stderr=True)
+    try:
+        args = build_parser().parse_args(_normalize_argv(argv))
+        if args.command is None:
+            build_parser().print_help()
+            return EXIT_USER_ERROR
+        return _dispatch(args, argv, out)
+    except SystemExit as e:  # --help / --version
+        return int(e.code or 0)
+    except UserError as e:
+        print(f"passctl: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except InternalError as e:
+        print(f"passctl: internal error: {_one_line(e)}", file=sys.stderr)
+        if e.reproducer:
+            print(f"passctl: reproducer: {e.reproducer}", file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
+    except KeyboardInterrupt:
+        print("passctl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug outside any pass: say so, with the traceback
+        traceback.print_exc()
+        print(f"passctl: internal error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        err.print("please report it with the command above", style="dim")
+        return EXIT_INTERNAL_ERROR
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _dispatch(args, argv: List[str], console) -> int:
+    from passctl.tools import commands
+
+    if args.command == "compile":
+        from passctl.tools.compile import run_compile
+
+        run_compile(args, argv, console)
+    elif args.command == "show":
+        commands.show(args.model, args.weights)
+    elif args.command == "verify":
+        return commands.verify(args.model, console)
+    elif args.command == "explain":
+        commands.explain(args.rule, args.model, args.load, console)
+    elif args.command == "list-passes":
+        commands.list_passes(args.load, console)
+    elif args.command == "list-targets":
+        commands.list_targets(console)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The small ``passctl`` subcommands: show, verify, explain, list-passes, list-targets."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from typing import List, Optional, Sequence
+
+from passctl.ir.errors import UserError
+from passctl.tools.model_source import load_model
+
+logger = logging.getLogger(__name__)
+
+
+def load_plugins(files: Sequence[str]) -> List[str]:
+    """Import each ``--load`` file; return the pass names they registered.
+
+    Raises:
+        UserError: a file is missing or raises while being imported.
+    """
+    from passctl.passes.registry import load_plugin_file
+
+    names: List[str] = []
+    for path in files:
+        names.extend(load_plugin_file(path))
+    return names
+
+
+def show(model_spec: str, weights: Optional[str] = None) -> None:
+    """Print ``model_spec`` as IR text on stdout (plain text: no wrapping, no markup).
+
+    Large weights are referenced (to the source model's data, or to ``weights`` when given) so
+    that the printed text parses back with ``passctl.ir.parser.parse_model``.
+    """
+    from passctl.ir.printer import print_model
+
+    model, _ = load_model(model_spec)
+    text = print_model(model, weights=weights)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+
+
+def verify(model_spec: str, console) -> int:
+    """Print the verifier's diagnostics; return 0 when there is no error, else 2."""
+    from passctl.ir.verifier import verify as run_verifier
+
+    model, path = load_model(model_spec)
+    diagnostics = run_verifier(model)
+    errors = 0
+    for d in diagnostics:
+        severity = str(getattr(d.severity, "name", d.severity)).lower()
+        errors += severity == "error"
+        node = f" {d.node.qualified_op} '{d.node.name}'" if getattr(d, "node", None) else ""
+        console.print(f"{path}: {severity}: [{d.kind}]{node}: {d.message}", markup=False,
+                      highlight=False)
+        if getattr(d, "ir_line", None):
+            console.print(f"    {d.ir_line}", markup=False, highlight=False)
+    warnings = len(diagnostics) - errors
+    console.print(f"{path}: {errors} error(s), {warnings} warning(s)", markup=False,
+                  highlight=False)
+    return 0 if errors == 0 else 2
+
+
+def explain(rule: str, model_spec: str, plugin_files: Sequence[str], console) -> None:
+    """Print the best partial match of rewrite rule ``rule`` in the model and why it failed."""
+    from passctl.passes.rewrite.explain import explain as explain_rule
+
+    load_plugins(plugin_files)
+    model, _ = load_model(model_spec)
+    text = explain_rule(rule, model)
+    console.print(text if isinstance(text, str) else str(text), markup=False, highlight=False)
+
+
+def _option_text(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        default = repr(field.default)
+    elif field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        default = repr(field.default_factory())  # type: ignore[misc]
+    else:
+        default = "required"
+    typ = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", field.type)
+    help_text = field.metadata.get("help", "") if field.metadata else ""
+    return f"{field.name}: {typ} = {default}" + (f"  ({help_text})" if help_text else "")
+
+
+def list_passes(plugin_files: Sequence[str], console) -> None:
+    """Print every registered pass (name, summary, options) and the pass groups."""
+    from rich.table import Table
+
+    from passctl.passes.registry import expand_alias, list_aliases
+    from passctl.passes.registry import list_passes as registered
+
+    load_plugins(plugin_files)
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("pass")
+    table.add_column("summary")
+    table.add_column("options")
+    for cls in registered():
+        options = "\n".join(_option_text(f) for f in cls.option_fields()) or "-"
+        table.add_row(cls.name, cls.summary, options)
+    console.print(table)
+    groups = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    groups.add_column("group")
+    groups.add_column("passes (target cpu)")
+    for alias in list_aliases():
+        try:
+            passes = ", ".join(expand_alias(alias, "cpu"))
+        except UserError as e:
+            passes = f"none yet: {str(e).split(': ', 1)[-1]}"
+        groups.add_row(alias, passes)
+    console.print(groups)
+
+
+def list_targets(console) -> None:
+    """Print the target profiles as a table."""
+    from rich.table import Table
+
+    from passctl.targets.profiles import list_targets as profiles
+
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for col in ("target", "compute capability", "memory", "fast dtypes", "emitter", "description"):
+        table.add_column(col)
+    for t in profiles():
+        memory = f"{t.memory_bytes / 1e9:.0f} GB" if t.memory_bytes else "host"
+        table.add_row(t.name, t.sm or "-", memory, ", ".join(t.fast_dtypes) or "-",
+                      t.default_emitter, t.description)
+    console.print(table)

@@ -1,0 +1,214 @@
+"""``passctl compile``: load a model, run a pipeline, emit for a target, check, write report.json."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import tempfile
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+from passctl.ir.errors import UserError
+from passctl.tools.model_source import IR_TEXT_SUFFIX, load_model
+from passctl.tools.report import (REPORT_SCHEMA, DelayedProgress, count_nodes, op_histogram,
+                                  print_summary, write_report)
+
+logger = logging.getLogger(__name__)
+
+
+def default_out(model_path: str) -> str:
+    """``./<model stem>.passctl``: in the current folder, never next to a packaged model."""
+    stem = os.path.basename(model_path)
+    for suffix in (".onnx", IR_TEXT_SUFFIX):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+    return f"{stem}.passctl"
+
+
+def parse_dims(items: List[str]) -> Dict[str, int]:
+    """``["batch=2", "x[2]=48"]`` -> ``{"batch": 2, "x[2]": 48}``.
+
+    Raises:
+        UserError: an item is not ``NAME=SIZE`` with a positive integer size.
+    """
+    dims: Dict[str, int] = {}
+    for item in items:
+        name, sep, size = item.partition("=")
+        if not sep or not name or not size.isdigit() or int(size) <= 0:
+            raise UserError(f"--dim '{item}': expected NAME=SIZE with a positive integer size, "
+                            "e.g. --dim batch=1")
+        dims[name.strip()] = int(size)
+    return dims
+
+
+def load_input_file(path: Optional[str]) -> Dict[str, Any]:
+    """Arrays by input name from an ``.npz`` file (the ``--inputs`` option); empty without a path.
+
+    Raises:
+        UserError: the file is missing or is not a numpy ``.npz`` archive.
+    """
+    if not path:
+        return {}
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise UserError(f"--inputs '{path}': not a readable .npz file ({e})")
+
+
+class _ProgressInstrument:
+    """Pass-manager instrument that drives the delayed progress bar."""
+
+    def __init__(self, progress: DelayedProgress):
+        self.progress = progress
+
+    def before_pass(self, pass_, model, index) -> None:
+        self.progress.update(f"{pass_.name}")
+
+    def after_pass(self, pass_, model, record) -> None:
+        self.progress.update(pass_.name, advance=1)
+
+
+def _reference_model(model, path: str, workdir: str) -> str:
+    """An ONNX file of the original model for the numeric check: the input itself when it is ONNX."""
+    if not path.endswith(IR_TEXT_SUFFIX):
+        return path
+    from passctl.ir.onnx_export import save
+
+    ref = os.path.join(workdir, "reference.onnx")
+    save(model, ref)
+    return ref
+
+
+def _write_crash_folder(root: Optional[str], argv: List[str], error: BaseException,
+                        model=None) -> str:
+    """A reproducer for a failure outside the passes: the command, traceback and IR (when given)."""
+    folder = tempfile.mkdtemp(prefix="passctl-crash-", dir=root)
+    with open(os.path.join(folder, "command.sh"), "w") as f:
+        f.write("passctl " + " ".join(shlex.quote(a) for a in argv) + "\n")
+    with open(os.path.join(folder, "traceback.txt"), "w") as f:
+        f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
+    if model is not None:
+        try:
+            from passctl.ir.printer import print_model
+
+            with open(os.path.join(folder, "model.pir"), "w") as f:
+                f.write(print_model(model))
+        except Exception:  # the reproducer must not hide the original error
+            logger.exception("could not print the model into the reproducer")
+    return folder
+
+
+def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
+    """Run ``passctl compile`` for parsed ``args``; return the report that was written.
+
+    Raises:
+        UserError: bad model file, pipeline, target, emitter, option or input (exit 2).
+        InternalError: a pass raised, broke the IR, the emitted model does not load, or the check
+            failed (exit 3; carries the reproducer folder).
+    """
+    from passctl.passes.manager import PassFailure, PassManager, VerifyError
+    from passctl.passes.pipeline_text import build_pipeline, format_pipeline
+    from passctl.targets import get_emitter, get_target
+    from passctl.tools.cli import InternalError
+    from passctl.tools.commands import load_plugins
+    from passctl.tools.instrument_setup import build_instruments, instruments_report
+
+    start = time.perf_counter()
+    plugins = load_plugins(args.load)
+    target = get_target(args.target)
+    emitter = get_emitter(args.emit or target.default_emitter)
+    passes = build_pipeline(args.pipeline, target.name)
+    dims, overrides = parse_dims(args.dim), load_input_file(args.inputs)
+    model, path = load_model(args.model)
+    out = os.path.abspath(args.out or default_out(path))
+    t_loaded = time.perf_counter()
+    hist_before, nodes_before = op_histogram(model), count_nodes(model.graph)
+
+    with tempfile.TemporaryDirectory(prefix="passctl-") as work:
+        reference = _reference_model(model, path, work)
+        with DelayedProgress(console, total=len(passes)) as progress:
+            instruments = build_instruments(args, argv, reference, dims, overrides) + [
+                _ProgressInstrument(progress)]
+            manager = PassManager(passes, verify_each=args.verify_each, instruments=instruments)
+            try:
+                result = manager.run(model)
+            except PassFailure as e:
+                raise InternalError(str(e), e.reproducer) from e
+            except VerifyError as e:
+                if e.pass_name is None:
+                    raise UserError(f"{path}: {e}") from e
+                raise InternalError(str(e), _write_crash_folder(args.reproducer_dir, argv, e,
+                                                                model)) from e
+        t_passes = time.perf_counter()
+        report: Dict[str, Any] = {
+            "schema": REPORT_SCHEMA,
+            "command": ["passctl"] + list(argv),
+            "model": {"path": os.path.abspath(path), "argument": args.model},
+            "target": target.to_dict(),
+            "emitter": emitter.name,
+            "plugins": plugins,
+            "pipeline": {"text": args.pipeline, "as_run": format_pipeline(passes),
+                         "passes": [p.name for p in passes]},
+            "passes": [{"index": r.index, "name": r.name, "time_ms": round(r.time_ms, 3),
+                        "modified": r.modified, "stats": r.stats, "round": r.round}
+                       for r in result.records],
+            "warnings": list(result.warnings),
+            "nodes": {"before": nodes_before, "after": count_nodes(model.graph)},
+            "op_histogram": {"before": hist_before, "after": op_histogram(model)},
+        }
+        report.update(instruments_report(instruments))
+        timing: Dict[str, float] = {}
+
+        def finalize(folder: str, info: Dict[str, Any]) -> None:
+            t_emitted = time.perf_counter()
+            report["artifact"] = dict(info, path=out)
+            report["check"] = None
+            if args.check:
+                report["check"] = _run_check(reference, os.path.join(folder, "model.onnx"), args,
+                                             dims, overrides)
+            t_end = time.perf_counter()
+            timing.update(load_s=t_loaded - start, passes_s=t_passes - t_loaded,
+                          emit_s=t_emitted - t_passes, check_s=t_end - t_emitted,
+                          total_s=t_end - start)
+            report["timing"] = {k: round(v, 4) for k, v in timing.items()}
+            if report["check"] is not None and not report["check"]["ok"]:
+                crash = _write_crash_folder(args.reproducer_dir, argv,
+                                            RuntimeError("numeric check failed"), model)
+                write_report(crash, report)
+                raise InternalError(f"numeric check failed: {report['check']['failures'][0]} "
+                                    f"(report in the reproducer)", crash)
+            write_report(folder, report)
+
+        try:
+            emitter.emit(model, target, out, finalize)
+        except (UserError, InternalError):
+            raise
+        except Exception as e:
+            raise InternalError(f"emitting for {target.name} with {emitter.name} failed: "
+                                f"{type(e).__name__}: {e}",
+                                _write_crash_folder(args.reproducer_dir, argv, e, model)) from e
+    if not args.quiet:
+        print_summary(console, report)
+    return report
+
+
+def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[str, Any]:
+    """The numeric check's report entry: inputs used, per-output errors, worst errors."""
+    from passctl.tools.check import compare, make_inputs, run_onnxruntime
+
+    inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
+    result = compare(run_onnxruntime(reference, inputs), run_onnxruntime(candidate, inputs))
+    entry = result.to_dict(args.rtol)
+    finite = [o for o in result.outputs.values() if o.problem is None]
+    entry.update(
+        seed=args.seed, dims=dims, overridden=sorted(overrides),
+        inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)} for k, v in inputs.items()],
+        max_abs=max((o.max_abs for o in finite), default=0.0),
+        max_rel=result.max_rel if result.max_rel != float("inf") else "inf",
+        failures=result.failures(args.rtol))
+    return entry

@@ -1,0 +1,82 @@
+"""Turn the compile command's debugging options into pass-manager instruments (passctl.passes.instruments)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List
+
+
+def _stdout(text: str) -> None:
+    # Resolved at call time, so rich's progress display (which redirects sys.stdout) keeps its bar
+    # below the text and tests that capture stdout see it.
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+
+
+def default_reproducer_dir() -> str:
+    """A fresh path under the system temp folder for crash reproducers (created only on a crash)."""
+    return os.path.join(tempfile.gettempdir(),
+                        f"passctl-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+
+
+def build_instruments(args, argv: List[str], reference: str, dims: Dict[str, int],
+                      overrides: Dict[str, Any]) -> List[Any]:
+    """The instruments for parsed compile ``args``.
+
+    Always a crash reproducer (under ``--reproducer-dir`` or :func:`default_reproducer_dir`); a
+    timing table with ``--timing``; IR printing with ``--print-ir-before/after`` and
+    ``--print-ir-after-change``; ``NNN_<pass>.pir/.onnx`` files with ``--dump-ir``; a check after
+    every pass with ``--check-each`` (same seeded inputs as ``--check``). Text goes to stdout.
+
+    Args:
+        args: the parsed ``compile`` arguments.
+        argv: the command line (unused by the instruments, kept for symmetry with the reproducer).
+        reference: path of the original model as ONNX (for ``--check-each``).
+        dims: ``--dim`` sizes of symbolic input dimensions.
+        overrides: ``--inputs`` arrays by input name.
+    """
+    from passctl.passes.instruments import CheckEach, CrashReproducer, DumpIR, PrintIR, Timing
+
+    instruments: List[Any] = [CrashReproducer(args.reproducer_dir or default_reproducer_dir(),
+                                              target=args.target, write=lambda t: None)]
+    if args.print_ir_before or args.print_ir_after or args.print_ir_after_change:
+        before = "all" if "all" in args.print_ir_before else set(args.print_ir_before) or None
+        after = "all" if "all" in args.print_ir_after else set(args.print_ir_after) or None
+        instruments.append(PrintIR(before=before, after=after,
+                                   after_change=args.print_ir_after_change, write=_stdout))
+    if args.dump_ir:
+        instruments.append(DumpIR(args.dump_ir))
+    if args.check_each:
+        from passctl.tools.check import make_inputs
+
+        inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
+        instruments.append(CheckEach(reference, inputs=inputs, write=_stdout, rtol=args.rtol))
+    if args.timing:
+        instruments.append(Timing(write=_stdout))
+    return instruments
+
+
+def instruments_report(instruments: List[Any]) -> Dict[str, Any]:
+    """Report entries from the instruments: ``check_each`` (per pass) and ``dump_ir`` (files)."""
+    from passctl.passes.instruments import CheckEach, DumpIR
+
+    out: Dict[str, Any] = {}
+    for inst in instruments:
+        if isinstance(inst, CheckEach):
+            out["check_each"] = [
+                {"index": index, "pass": name,
+                 "ok": None if res is None else res.ok(inst.rtol),
+                 "max_rel": None if res is None else _finite(res.max_rel),
+                 "outputs": None if res is None else [d.to_dict() for d in res.outputs.values()]}
+                for index, name, res in inst.results]
+        elif isinstance(inst, DumpIR):
+            out["dump_ir"] = {"directory": os.path.abspath(inst.directory),
+                              "files": [p.name for p in inst.written]}
+    return out
+
+
+def _finite(x: float):
+    return x if x != float("inf") else "inf"

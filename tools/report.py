@@ -1,0 +1,132 @@
+"""report.json (schema in docs/report-schema.md), the terminal summary, and a progress bar that waits a second."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+from typing import Any, Dict, List, Optional
+
+from passctl.ir import Graph, Model
+
+#: The value of ``report.json``'s ``schema`` key; bump it when a key changes meaning.
+REPORT_SCHEMA = "passctl.report/1"
+REPORT_FILE = "report.json"
+
+
+def op_histogram(model: Model) -> Dict[str, int]:
+    """Count nodes per operator in the main graph and all subgraphs.
+
+    Keys are ``Node.qualified_op`` (``"Conv"``, ``"com.microsoft::FusedConv"``); sorted by count,
+    most frequent first, then by name.
+    """
+    counts: collections.Counter = collections.Counter(n.qualified_op for n in model.graph.all_nodes())
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def count_nodes(graph: Graph) -> int:
+    """Nodes in ``graph`` and its subgraphs."""
+    return sum(1 for _ in graph.all_nodes())
+
+
+def write_report(folder: str, report: Dict[str, Any]) -> str:
+    """Write ``report`` as ``folder/report.json`` (indented, keys in insertion order); return its path."""
+    path = os.path.join(folder, REPORT_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=2, default=_json_default)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def _fmt_err(x) -> str:
+    return "n/a" if x is None else f"{float(x):.3g}"
+
+
+def print_summary(console, report: Dict[str, Any]) -> None:
+    """Print the short terminal summary of a compile run with rich.
+
+    Shows the passes that changed the model with their statistics, the node counts before and after,
+    the check's worst errors, the total time and where the artifact is.
+    """
+    from rich.table import Table
+
+    fired: List[Dict[str, Any]] = [p for p in report["passes"] if p["modified"]]
+    table = Table(title=None, show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column("pass")
+    table.add_column("ms", justify="right")
+    table.add_column("what it did")
+    for p in fired:
+        stats = ", ".join(f"{k}={v}" for k, v in p["stats"].items() if v) or "modified"
+        table.add_row(p["name"], f"{p['time_ms']:.1f}", stats)
+    if fired:
+        console.print(table)
+    else:
+        console.print("no pass changed the model")
+    nodes = report["nodes"]
+    console.print(f"nodes: {nodes['before']} -> {nodes['after']}")
+    check = report.get("check")
+    if check is not None:
+        worst = max(check["outputs"], key=lambda o: float(o["max_rel"]))
+        console.print(f"check: max abs error {_fmt_err(check['max_abs'])}, max rel error "
+                      f"{_fmt_err(check['max_rel'])} (worst output '{worst['name']}') on "
+                      f"{len(check['inputs'])} seeded input(s), seed {check['seed']}")
+    console.print(f"time: {report['timing']['total_s']:.2f} s; artifact: {report['artifact']['path']}")
+
+
+class DelayedProgress:
+    """A rich progress bar over the pipeline's passes that appears only after ``delay`` seconds.
+
+    Runs shorter than the delay print nothing; longer ones show a transient bar (removed when
+    done). Disabled when the console is not a terminal.
+    """
+
+    def __init__(self, console, total: int, delay: float = 1.0):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.enabled = console.is_terminal and total > 0
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                  console=console, transient=True)
+        self._task = self._progress.add_task("passes", total=total)
+        self._lock = threading.Lock()
+        self._started = False
+        self._done = False
+        self._timer = threading.Timer(delay, self._start)
+        self._timer.daemon = True
+
+    def _start(self) -> None:
+        with self._lock:
+            if not self._done:
+                self._progress.start()
+                self._started = True
+
+    def __enter__(self) -> "DelayedProgress":
+        if self.enabled:
+            self._timer.start()
+        return self
+
+    def update(self, description: str, advance: int = 0) -> None:
+        """Show ``description`` (e.g. the running pass) and advance by ``advance`` steps."""
+        self._progress.update(self._task, description=description, advance=advance)
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._done = True
+            self._timer.cancel()
+            if self._started:
+                self._progress.stop()
