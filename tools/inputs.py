@@ -21,6 +21,7 @@ DEFAULT_OTHER = 16
 ID_HIGH = 1000
 OTHER_INT_HIGH = 10
 
+_UNNAMED = ("", "?", "-1", "None", "unk")
 _BATCH_NAME = re.compile(r"batch|^n$|^b$|^bs$|^num_seq", re.IGNORECASE)
 _SEQUENCE_NAME = re.compile(r"seq|len|time|token|step|frames", re.IGNORECASE)
 
@@ -85,6 +86,8 @@ def _resolve_shape(value: onnx.ValueInfoProto, dim_values: Mapping[str, int],
             shape.append(dim.dim_value)
             continue
         dim_name = dim.dim_param if dim.HasField("dim_param") else ""
+        if dim_name in _UNNAMED:
+            dim_name = ""
         positional = f"{value.name}[{axis}]"
         if positional in dim_values:
             size = int(dim_values[positional])
@@ -107,7 +110,7 @@ def _bind_override(value: onnx.ValueInfoProto, array: np.ndarray, bound: Dict[st
     if len(dims) != array.ndim:
         return
     for dim, size in zip(dims, array.shape):
-        if dim.HasField("dim_param") and dim.dim_param:
+        if dim.HasField("dim_param") and dim.dim_param not in _UNNAMED:
             bound.setdefault(dim.dim_param, int(size))
 
 
@@ -144,7 +147,8 @@ def make_inputs(model: Union[onnx.ModelProto, str], seed: int = 0,
     symbolic ``dim_param``, an empty name, or a value <= 0) is resolved by the first rule that applies:
 
     1. ``dim_values["<input>[<axis>]"]``, e.g. ``{"x[2]": 48}`` (for unnamed dimensions);
-    2. ``dim_values["<dim_param>"]``, e.g. ``{"batch": 2, "sequence": 128}``;
+    2. ``dim_values["<dim_param>"]``, e.g. ``{"batch": 2, "sequence": 128}`` (the placeholder names
+       ``?``, ``-1``, ``None``, ``unk`` count as unnamed and never bind);
     3. the size already bound to the same ``dim_param`` by an earlier input or an override, so inputs
        that share a symbolic dimension agree;
     4. a name like ``batch``, ``N``, ``bs`` -> 1; a name with ``seq``, ``len``, ``time``, ``token`` -> 16;
