@@ -4,11 +4,14 @@ from passctl.ir._builder import Builder
 from passctl.ir._core import (Attr, AttrType, Function, Graph, Model, Node, Value, implicit_inputs,
                               union_provenance)
 from passctl.ir._tensor import ExternalLocation, Tensor
+from passctl.ir.onnx_export import save, to_onnx
+from passctl.ir.onnx_import import from_onnx, load
 from passctl.ir._types import (DataType, MapType, OptionalType, SequenceType, Shape,
                                SparseTensorType, TensorType, Type)
 
 __all__ = [
     "Attr", "AttrType", "Builder", "DataType", "ExternalLocation", "Function", "Graph", "MapType",
     "Model", "Node", "OptionalType", "SequenceType", "Shape", "SparseTensorType", "Tensor",
-    "TensorType", "Type", "Value", "implicit_inputs", "union_provenance",
+    "TensorType", "Type", "Value", "from_onnx", "implicit_inputs", "load", "save", "to_onnx",
+    "union_provenance",
 ]

@@ -392,6 +392,9 @@ class Graph:
         self.name = name
         self.doc_string = doc_string
         self.metadata_props: Dict[str, str] = {}
+        # GraphProto fields passctl does not model (sparse_initializer, quantization_annotation),
+        # as serialized protos, so export writes them back unchanged.
+        self.extra: Dict[str, List[bytes]] = {}
         self.inputs: List[Value] = []
         self._input_set: Dict[Value, None] = {}
         self.outputs: List[Value] = list(outputs)

@@ -1,0 +1,389 @@
+"""passctl IR -> ONNX: ``to_onnx`` (data embedded) and ``save`` (temp file + rename, external data)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+import onnx
+
+from passctl.ir._core import Attr, AttrType, Function, Graph, Model, Node, Value
+from passctl.ir._tensor import ExternalLocation, Tensor
+from passctl.ir._types import DataType, Shape, TensorType, type_to_proto
+from passctl.ir.onnx_import import PROVENANCE_KEY, default_provenance
+from passctl.ir.onnx_stream import write_initializers, write_raw
+
+logger = logging.getLogger(__name__)
+
+# Above this many weight bytes, save() writes external data by default (protobuf's limit is 2 GiB).
+EXTERNAL_DEFAULT_BYTES = int(1.8e9)
+
+
+def to_onnx(model: Model) -> onnx.ModelProto:
+    """Convert ``model`` into an ``onnx.ModelProto`` with every weight embedded as ``raw_data``.
+
+    External (memory-mapped) weights are read into the proto. Tensors that came from typed
+    TensorProto fields are copied back unchanged.
+
+    Raises:
+        OSError: an external-data file of the model cannot be read.
+    """
+    return _Exporter().model(model)
+
+
+def save(model: Model, path: str, external_data: Optional[bool] = None, size_threshold: int = 1024,
+         location: Optional[str] = None) -> None:
+    """Write ``model`` to ``path`` atomically (a temp file in the same folder, then a rename).
+
+    Embedded weights are streamed after a skeleton proto (no second copy of the weights in
+    memory); external data is copied from the source files in chunks.
+
+    Args:
+        model: the model; it is not changed, except that tensors memory-mapping a data file that
+            this call replaces are pointed at the new file (same bytes) or read into memory.
+        path: the ``.onnx`` file to write.
+        external_data: True: initializers of at least ``size_threshold`` bytes go to a data file;
+            False: everything is embedded; None: external when the weights exceed ~1.8 GB or the
+            model has external data already.
+        size_threshold: smallest tensor (bytes) stored externally.
+        location: data file name relative to the model's folder (default ``<file name>.data``).
+
+    Raises:
+        ValueError: embedded weights of 2 GiB or more (protobuf's limit); use external data.
+        OSError: the folder is not writable or a source data file cannot be read.
+    """
+    path = os.path.abspath(path)
+    inits = list(_initializers(model.graph))
+    total = sum(v.const.nbytes for v in inits)
+    if external_data is None:
+        external_data = total > EXTERNAL_DEFAULT_BYTES or any(
+            t.external is not None for t in _all_tensors(model))
+    if external_data:
+        _save_external(model, path, inits, size_threshold,
+                       location or os.path.basename(path) + ".data")
+        return
+    if total >= 2 ** 31:
+        raise ValueError(f"{path}: {total} bytes of weights cannot be embedded in one protobuf "
+                         "(2 GiB limit); save with external_data=True")
+    skeleton = _Exporter(stream_main=True).model(model)
+    items = [(v.const, *_Exporter.tensor_header(v.const, v.name)) for v in model.graph.initializers.values()]
+
+    def write(f):
+        f.write(skeleton.SerializeToString())
+        write_initializers(f, items)
+    _write_atomic(path, write)
+
+
+def _save_external(model: Model, path: str, inits: List[Value], threshold: int, location: str):
+    folder = os.path.dirname(path)
+    data_path = os.path.join(folder, location)
+    plan: Dict[int, Tuple[int, int]] = {}
+    order: List[Tensor] = []
+    end = 0
+    for v in inits:
+        t = v.const
+        if id(t) in plan or t.source_proto is not None or t.dtype == DataType.STRING \
+                or t.nbytes < threshold:
+            continue
+        start = (end + 63) // 64 * 64  # aligned starts, so a runtime can map them directly
+        plan[id(t)] = (start, t.nbytes)
+        order.append(t)
+        end = start + t.nbytes
+    proto = _Exporter(external=plan, location=location).model(model)
+    real_data = os.path.realpath(data_path)
+    # Tensors that memory-map the data file about to be replaced (e.g. saving over the source).
+    mapped = [t for t in _all_tensors(model)
+              if t.external is not None and os.path.realpath(t.external.path) == real_data]
+    if order:
+        def write_data(f):
+            for t in order:
+                f.seek(plan[id(t)][0])
+                write_raw(f, t)
+        _write_atomic(data_path, write_data, before_rename=lambda: _detach(mapped, plan))
+        for t in order:
+            if t in mapped:
+                start, length = plan[id(t)]
+                t._data = ExternalLocation(real_data, location, start, length, t.external.checksum)
+                t._array = None
+    _write_atomic(path, lambda f: f.write(proto.SerializeToString()))
+
+
+def _detach(mapped: List[Tensor], plan: Dict[int, Tuple[int, int]]) -> None:
+    """Read into memory the tensors that map a file about to be replaced and are not rewritten."""
+    for t in mapped:
+        if id(t) not in plan:
+            t._data, t._array = t.tobytes(), None
+
+
+def _write_atomic(path: str, write: Callable, before_rename: Optional[Callable] = None) -> None:
+    """Call ``write(f)`` on a temp file next to ``path``, then rename it onto ``path``; on error the
+    temp file is removed and ``path`` is untouched."""
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.truncate()  # a trailing hole (skipped with seek) still counts as file length
+        if before_rename is not None:
+            before_rename()
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# -- model walks --------------------------------------------------------------------------------
+def _graphs(model: Model) -> Iterator[Graph]:
+    stack = [model.graph] + [f.graph for f in model.functions.values()]
+    while stack:
+        g = stack.pop()
+        yield g
+        for n in g:
+            stack.extend(n.subgraphs())
+
+
+def _initializers(graph: Graph) -> Iterator[Value]:
+    yield from graph.initializers.values()
+    for n in graph.all_nodes():
+        for sub in n.subgraphs():
+            yield from sub.initializers.values()
+
+
+def _all_tensors(model: Model) -> Iterator[Tensor]:
+    for g in _graphs(model):
+        for v in g.initializers.values():
+            yield v.const
+        for n in g:
+            for a in n.attributes.values():
+                if a.type == AttrType.TENSOR and a.value is not None:
+                    yield a.value
+                elif a.type == AttrType.TENSORS and a.value:
+                    yield from a.value
+
+
+# -- proto building -----------------------------------------------------------------------------
+class _Exporter:
+    """Builds the protos. ``stream_main``: leave the main graph's initializers out (save() streams
+    them); ``external``: id(tensor) -> (offset, length) in the data file ``location``."""
+
+    def __init__(self, stream_main: bool = False, external: Optional[Dict] = None,
+                 location: str = ""):
+        self.stream_main = stream_main
+        self.external = external or {}
+        self.location = location
+        self.names: Dict[Value, str] = {}
+        self.taken: Optional[set] = None
+
+    def model(self, m: Model) -> onnx.ModelProto:
+        p = onnx.ModelProto()
+        p.ir_version = m.ir_version
+        for domain, version in m.opset_imports.items():
+            p.opset_import.add(domain=domain, version=version)
+        p.producer_name = m.producer_name
+        p.producer_version = m.producer_version
+        p.domain = m.domain
+        p.model_version = m.model_version
+        p.doc_string = m.doc_string
+        _meta(p.metadata_props, m.metadata_props)
+        self.graph(m.graph, p.graph, main=True)
+        for f in m.functions.values():
+            self.function(f, p.functions.add())
+        for field, items in m.extra.items():
+            target = getattr(p, field)
+            for b in items:
+                target.add().ParseFromString(b)
+        return p
+
+    def function(self, f: Function, p: onnx.FunctionProto) -> None:
+        p.name, p.domain, p.overload, p.doc_string = f.name, f.domain, f.overload, f.doc_string
+        g = f.graph
+        p.input.extend(self.name(v) for v in g.inputs)
+        p.output.extend(self.name(v) for v in g.outputs)
+        p.attribute.extend(f.attributes)
+        for a in f.attribute_defaults:
+            self.attr(a, p.attribute_proto.add())
+        for i, n in enumerate(g):
+            self.node(n, i, p.node.add())
+        for domain, version in f.opset_imports.items():
+            p.opset_import.add(domain=domain, version=version)
+        typed = list(g.inputs) + [o for n in g for o in n.outputs]
+        for v in typed:
+            if v.name and (v.type is not None or v.doc_string or v.metadata_props):
+                self.value_info(v, p.value_info.add())
+        _meta(p.metadata_props, f.metadata_props)
+
+    def graph(self, g: Graph, p: onnx.GraphProto, main: bool = False) -> None:
+        p.name = g.name
+        if g.doc_string:
+            p.doc_string = g.doc_string
+        for v in g.inputs:
+            self.value_info(v, p.input.add())
+        if not (main and self.stream_main):
+            for v in g.initializers.values():
+                self.tensor(v.const, p.initializer.add(), v.name)
+        for i, n in enumerate(g):
+            self.node(n, i, p.node.add())
+        outputs = set()
+        for v in g.outputs:
+            self.value_info(v, p.output.add())
+            outputs.add(v)
+        skip = outputs | set(g.inputs)
+        for n in g:
+            for v in n.outputs:
+                if v not in skip and v.name and (v.type is not None or v.doc_string
+                                                 or v.metadata_props):
+                    self.value_info(v, p.value_info.add())
+        for v in g.initializers.values():
+            if v not in skip and (v.doc_string or v.metadata_props or v.type != TensorType(
+                    v.const.dtype, Shape(v.const.dims))):
+                self.value_info(v, p.value_info.add())
+        _meta(p.metadata_props, g.metadata_props)
+        for field, items in g.extra.items():
+            target = getattr(p, field)
+            for b in items:
+                target.add().ParseFromString(b)
+
+    def node(self, n: Node, index: int, p: onnx.NodeProto) -> None:
+        p.input.extend("" if v is None else self.name(v) for v in n.inputs)
+        p.output.extend(self.name(v) for v in n.outputs)
+        if n.name:
+            p.name = n.name
+        p.op_type = n.op_type
+        if n.domain:
+            p.domain = n.domain
+        if n.overload:
+            p.overload = n.overload
+        for a in n.attributes.values():
+            self.attr(a, p.attribute.add())
+        if n.doc_string:
+            p.doc_string = n.doc_string
+        meta = dict(n.metadata_props)
+        if n.provenance and n.provenance not in ((n.name,), default_provenance(
+                n.name, n.op_type, index)):
+            meta[PROVENANCE_KEY] = json.dumps(list(n.provenance))
+        _meta(p.metadata_props, meta)
+
+    def attr(self, a: Attr, p: onnx.AttributeProto) -> None:
+        p.name = a.name
+        p.type = int(a.type)
+        if a.doc_string:
+            p.doc_string = a.doc_string
+        if a.ref_attr_name:
+            p.ref_attr_name = a.ref_attr_name
+            return
+        t, v = a.type, a.value
+        if t == AttrType.FLOAT:
+            p.f = v
+        elif t == AttrType.INT:
+            p.i = v
+        elif t == AttrType.STRING:
+            p.s = _bytes(v)
+        elif t == AttrType.TENSOR:
+            self.tensor(v, p.t)
+        elif t == AttrType.GRAPH:
+            self.graph(v, p.g)
+        elif t == AttrType.SPARSE_TENSOR:
+            p.sparse_tensor.CopyFrom(v)
+        elif t == AttrType.TYPE_PROTO:
+            p.tp.SetInParent()
+            type_to_proto(v, p.tp)
+        elif t == AttrType.FLOATS:
+            p.floats.extend(v)
+        elif t == AttrType.INTS:
+            p.ints.extend(v)
+        elif t == AttrType.STRINGS:
+            p.strings.extend(_bytes(s) for s in v)
+        elif t == AttrType.TENSORS:
+            for x in v:
+                self.tensor(x, p.tensors.add())
+        elif t == AttrType.GRAPHS:
+            for x in v:
+                self.graph(x, p.graphs.add())
+        elif t == AttrType.SPARSE_TENSORS:
+            for x in v:
+                p.sparse_tensors.add().CopyFrom(x)
+        elif t == AttrType.TYPE_PROTOS:
+            for x in v:
+                type_to_proto(x, p.type_protos.add())
+
+    def tensor(self, t: Tensor, p: onnx.TensorProto, name: Optional[str] = None) -> None:
+        src = t.source_proto
+        if src is not None:
+            p.CopyFrom(src)
+            if name is not None and p.name != name:
+                p.name = name
+            return
+        _tensor_fields(t, p, t.name if name is None else name)
+        where = self.external.get(id(t))
+        if where is not None:
+            p.data_location = onnx.TensorProto.EXTERNAL
+            entries = [("location", self.location), ("offset", str(where[0])),
+                       ("length", str(where[1]))]
+            if t.external is not None and t.external.checksum:
+                entries.append(("checksum", t.external.checksum))
+            for k, val in entries:
+                p.external_data.add(key=k, value=val)
+        else:
+            p.raw_data = _raw_bytes(t)
+
+    @staticmethod
+    def tensor_header(t: Tensor, name: str) -> Tuple[bytes, int]:
+        """The TensorProto serialized without raw_data, and the raw length to append (-1: the
+        header is the whole tensor, for tensors kept in typed fields)."""
+        p = onnx.TensorProto()
+        src = t.source_proto
+        if src is not None:
+            p.CopyFrom(src)
+            p.name = name
+            return p.SerializeToString(), -1
+        _tensor_fields(t, p, name)
+        return p.SerializeToString(), t.nbytes
+
+    def value_info(self, v: Value, p: onnx.ValueInfoProto) -> None:
+        p.name = self.name(v)
+        if v.type is not None:
+            type_to_proto(v.type, p.type)
+        if v.doc_string:
+            p.doc_string = v.doc_string
+        _meta(p.metadata_props, v.metadata_props)
+
+    def name(self, v: Value) -> str:
+        if v.name:
+            return v.name
+        got = self.names.get(v)
+        if got is None:
+            if v.producer is not None and not v._uses and not v.is_graph_output():
+                return ""  # an omitted optional output
+            got = self.names[v] = f"_passctl_unnamed_{len(self.names)}"
+        return got
+
+
+def _tensor_fields(t: Tensor, p: onnx.TensorProto, name: str) -> None:
+    p.dims.extend(t.dims)
+    p.data_type = int(t.dtype)
+    if name:
+        p.name = name
+    if t.doc_string:
+        p.doc_string = t.doc_string
+    _meta(p.metadata_props, t.metadata_props)
+
+
+def _raw_bytes(t: Tensor) -> bytes:
+    view = t.raw_view()
+    if isinstance(view.obj, bytes) and len(view.obj) == view.nbytes:
+        return view.obj
+    return bytes(view)
+
+
+def _bytes(s) -> bytes:
+    return s.encode("utf-8") if isinstance(s, str) else bytes(s)
+
+
+def _meta(field, props: Dict[str, str]) -> None:
+    for k, v in props.items():
+        field.add(key=k, value=v)

@@ -1,0 +1,299 @@
+"""ONNX ModelProto -> passctl IR, lossless (names, metadata, subgraphs, functions, external data)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Dict, List, Optional
+
+import onnx
+
+from passctl.ir._core import Attr, AttrType, Function, Graph, Model, Node, Value
+from passctl.ir._tensor import Tensor
+from passctl.ir._types import type_from_proto
+from passctl.ir.errors import ModelLoadError
+from passctl.ir.onnx_reader import read_model_file
+
+logger = logging.getLogger(__name__)
+
+PROVENANCE_KEY = "passctl.provenance"
+# Raw initializer data at least this large is handed to the Tensor and cleared in the proto.
+_CLEAR_THRESHOLD = 1024
+
+
+def default_provenance(name: str, op_type: str, index: int):
+    """The provenance import gives a node: ``(name,)``, or ``(f"{op_type}@{index}",)`` if nameless."""
+    return (name,) if name else (f"{op_type}@{index}",)
+
+
+def load(path: str) -> Model:
+    """Read an ONNX file into a :class:`Model` without reading external weights.
+
+    Embedded weights are kept as raw bytes; external data is memory-mapped on first use, never
+    read at import. ``Model.base_dir`` is set to the file's folder.
+
+    Args:
+        path: the ``.onnx`` file.
+
+    Returns:
+        The model.
+
+    Raises:
+        ModelLoadError: the path is missing or not a file, the file is not ONNX or is truncated,
+            or an external-data file is missing, too short or outside the model's folder.
+    """
+    proto, raw = read_model_file(path)
+    base_dir = os.path.dirname(os.path.abspath(path))
+    try:
+        model = _Importer(base_dir, consume=True, raw=raw).model(proto)
+    except ValueError as e:  # external-data checks of Tensor.from_proto
+        raise ModelLoadError(f"{path}: {e}") from None
+    model.base_dir = base_dir
+    return model
+
+
+def from_onnx(proto: onnx.ModelProto, base_dir: Optional[str] = None) -> Model:
+    """Convert an in-memory ``onnx.ModelProto`` (left unchanged) into a :class:`Model`.
+
+    Args:
+        proto: the model.
+        base_dir: folder that external-data locations are relative to (default: the current one).
+
+    Raises:
+        ModelLoadError: an external-data location is unsafe or its file is missing.
+    """
+    try:
+        model = _Importer(base_dir or ".", consume=False).model(proto)
+    except ValueError as e:
+        raise ModelLoadError(f"<ModelProto>: {e}") from None
+    model.base_dir = os.path.abspath(base_dir) if base_dir else None
+    return model
+
+
+class _Scope:
+    """Name -> Value for one graph, chained to the enclosing graph's scope."""
+
+    def __init__(self, parent: Optional["_Scope"]):
+        self.parent = parent
+        self.names: Dict[str, Value] = {}
+        self.undefined: Dict[str, Value] = parent.undefined if parent else {}
+
+    def lookup(self, name: str) -> Value:
+        s = self
+        while s is not None:
+            v = s.names.get(name)
+            if v is not None:
+                return v
+            s = s.parent
+        # A name nothing defines (invalid model): keep it as a dangling value so export writes it.
+        v = self.undefined.get(name)
+        if v is None:
+            v = self.undefined[name] = Value(name)
+        return v
+
+
+class _Importer:
+    def __init__(self, base_dir: str, consume: bool, raw: Optional[List] = None):
+        self.base_dir = base_dir
+        self.consume = consume
+        # raw_data of the main graph's initializers cut out of the file by onnx_reader (memoryviews
+        # of a memory map; None where the proto keeps its data), by initializer index.
+        self.raw = raw or []
+
+    # -- model ----------------------------------------------------------------------------------
+    def model(self, p: onnx.ModelProto) -> Model:
+        opsets = {o.domain: o.version for o in p.opset_import}
+        graph = self.graph(p.graph, None, raw=self.raw)
+        functions = [self.function(f) for f in p.functions]
+        m = Model(graph, opsets, ir_version=p.ir_version, producer_name=p.producer_name,
+                  producer_version=p.producer_version, domain=p.domain,
+                  model_version=p.model_version, doc_string=p.doc_string, functions=functions)
+        m.metadata_props = {e.key: e.value for e in p.metadata_props}
+        for field in ("training_info", "configuration"):
+            items = getattr(p, field, ())
+            if len(items):
+                m.extra[field] = [x.SerializeToString() for x in items]
+        return m
+
+    def function(self, f: onnx.FunctionProto) -> Function:
+        scope = _Scope(None)
+        inputs = [self._new(scope, n) for n in f.input]
+        g = Graph(name=f.name)
+        for v in inputs:
+            g.add_input(v)
+        infos = {vi.name: vi for vi in f.value_info}
+        self._nodes(g, f.node, scope)
+        g.outputs.extend(scope.lookup(n) for n in f.output)
+        self._apply_value_info(scope, infos)
+        defaults = [self.attr(a, scope) for a in f.attribute_proto]
+        fn = Function(f.domain, f.name, g, {o.domain: o.version for o in f.opset_import},
+                      attributes=list(f.attribute), attribute_defaults=defaults,
+                      overload=f.overload, doc_string=f.doc_string)
+        fn.metadata_props = {e.key: e.value for e in f.metadata_props}
+        return fn
+
+    # -- graph ----------------------------------------------------------------------------------
+    def graph(self, gp: onnx.GraphProto, parent: Optional[_Scope], raw=()) -> Graph:
+        scope = _Scope(parent)
+        g = Graph(name=gp.name, doc_string=gp.doc_string)
+        g.metadata_props = {e.key: e.value for e in gp.metadata_props}
+        for vi in gp.input:
+            v = self._new(scope, vi.name)
+            self._set_info(v, vi)
+            g.add_input(v)
+        infos = {vi.name: vi for vi in gp.value_info}
+        for i, tp in enumerate(gp.initializer):
+            tensor = self.tensor(tp, raw[i] if i < len(raw) else None)
+            v = scope.names.get(tp.name)
+            if v is None or v.graph is not g or v.const is not None:
+                v = self._new(scope, tp.name)
+                vi = infos.get(tp.name)
+                if vi is not None:
+                    self._set_info(v, vi)
+            v.const = tensor
+            g.add_initializer(v)
+        self._nodes(g, gp.node, scope)
+        for vi in gp.output:
+            v = scope.lookup(vi.name)
+            self._set_info(v, vi)
+            g.outputs.append(v)
+        self._apply_value_info(scope, infos)
+        for field in ("sparse_initializer", "quantization_annotation"):
+            items = getattr(gp, field)
+            if len(items):
+                g.extra[field] = [x.SerializeToString() for x in items]
+        return g
+
+    def _nodes(self, g: Graph, nodes, scope: _Scope) -> None:
+        # Create every output first, so a graph whose nodes are not in topological order (or a
+        # subgraph reading a value defined later in the outer graph) still resolves.
+        for np_ in nodes:
+            for name in np_.output:
+                if name and name not in scope.names:
+                    scope.names[name] = Value(name)
+        for index, np_ in enumerate(nodes):
+            g.append(self.node(np_, index, scope))
+
+    def node(self, np_: onnx.NodeProto, index: int, scope: _Scope) -> Node:
+        inputs = [scope.lookup(n) if n else None for n in np_.input]
+        outputs = []
+        for name in np_.output:
+            v = scope.names.get(name) if name else None
+            if v is None or v.producer is not None or v.graph is not None:
+                v = Value(name)  # omitted output, or a name defined twice (invalid model)
+            outputs.append(v)
+        attrs = [self.attr(a, scope) for a in np_.attribute]
+        meta = {e.key: e.value for e in np_.metadata_props}
+        prov = default_provenance(np_.name, np_.op_type, index)
+        if PROVENANCE_KEY in meta:
+            try:
+                loaded = json.loads(meta[PROVENANCE_KEY])
+                if isinstance(loaded, list) and all(isinstance(x, str) for x in loaded):
+                    prov = tuple(loaded)
+                    del meta[PROVENANCE_KEY]
+            except json.JSONDecodeError:
+                logger.warning("node '%s': unreadable %s metadata kept as is", np_.name,
+                               PROVENANCE_KEY)
+        return Node(np_.domain, np_.op_type, inputs, attrs, outputs, name=np_.name,
+                    overload=np_.overload, doc_string=np_.doc_string, provenance=prov,
+                    metadata_props=meta)
+
+    def attr(self, a: onnx.AttributeProto, scope: _Scope) -> Attr:
+        t = AttrType(a.type)
+        if a.ref_attr_name:
+            return Attr(a.name, t, None, a.doc_string, a.ref_attr_name)
+        if t == AttrType.FLOAT:
+            value = a.f
+        elif t == AttrType.INT:
+            value = a.i
+        elif t == AttrType.STRING:
+            value = _str(a.s)
+        elif t == AttrType.TENSOR:
+            value = self.tensor(a.t)
+        elif t == AttrType.GRAPH:
+            value = self.graph(a.g, scope)
+        elif t == AttrType.SPARSE_TENSOR:
+            value = _copy(a.sparse_tensor)
+        elif t == AttrType.TYPE_PROTO:
+            value = type_from_proto(a.tp)
+        elif t == AttrType.FLOATS:
+            value = tuple(a.floats)
+        elif t == AttrType.INTS:
+            value = tuple(a.ints)
+        elif t == AttrType.STRINGS:
+            value = tuple(_str(s) for s in a.strings)
+        elif t == AttrType.TENSORS:
+            value = tuple(self.tensor(x) for x in a.tensors)
+        elif t == AttrType.GRAPHS:
+            value = tuple(self.graph(x, scope) for x in a.graphs)
+        elif t == AttrType.SPARSE_TENSORS:
+            value = tuple(_copy(x) for x in a.sparse_tensors)
+        elif t == AttrType.TYPE_PROTOS:
+            value = tuple(type_from_proto(x) for x in a.type_protos)
+        else:
+            value = None
+        return Attr(a.name, t, value, a.doc_string)
+
+    def tensor(self, tp: onnx.TensorProto, raw=None) -> Tensor:
+        if raw is not None:  # raw_data was cut out of the file by onnx_reader (memory-mapped)
+            meta = {e.key: e.value for e in tp.metadata_props}
+            return Tensor(raw, dtype=tp.data_type, dims=tuple(tp.dims), name=tp.name,
+                          doc_string=tp.doc_string, metadata_props=meta)
+        t = Tensor.from_proto(tp, self.base_dir)
+        if tp.data_location == onnx.TensorProto.EXTERNAL:
+            _check_external_size(t)
+        elif self.consume and tp.HasField("raw_data") and len(tp.raw_data) >= _CLEAR_THRESHOLD:
+            tp.ClearField("raw_data")  # the Tensor holds the bytes now; do not keep them twice
+        elif not self.consume and t.source_proto is tp:
+            t = Tensor(_copy(tp), dtype=t.dtype, dims=t.dims, name=t.name,
+                       doc_string=t.doc_string, metadata_props=t.metadata_props)
+        return t
+
+    # -- value info -----------------------------------------------------------------------------
+    def _new(self, scope: _Scope, name: str) -> Value:
+        v = Value(name)
+        if name:
+            scope.names[name] = v
+        return v
+
+    @staticmethod
+    def _set_info(v: Value, vi: onnx.ValueInfoProto) -> None:
+        if vi.HasField("type"):
+            v.type = type_from_proto(vi.type)
+        if vi.doc_string:
+            v.doc_string = vi.doc_string
+        if len(vi.metadata_props):
+            v.metadata_props = {e.key: e.value for e in vi.metadata_props}
+
+    def _apply_value_info(self, scope: _Scope, infos: Dict[str, onnx.ValueInfoProto]) -> None:
+        for name, vi in infos.items():
+            v = scope.names.get(name)
+            if v is None:
+                logger.debug("value_info '%s' names no value of its graph; dropped", name)
+                continue
+            if v.const is not None and v.graph is not None and name in v.graph.initializers:
+                continue  # set before add_initializer
+            self._set_info(v, vi)
+
+
+def _str(s: bytes):
+    try:
+        return s.decode("utf-8")
+    except UnicodeDecodeError:
+        return s
+
+
+def _copy(msg):
+    out = type(msg)()
+    out.CopyFrom(msg)
+    return out
+
+
+def _check_external_size(t: Tensor) -> None:
+    ext = t.external
+    need = ext.offset + (ext.length if ext.length is not None else t.nbytes)
+    have = os.path.getsize(ext.path)
+    if have < need:
+        raise ValueError(f"tensor '{t.name}': external-data file '{ext.location}' has {have} bytes "
+                         f"but the tensor needs bytes up to {need} (truncated file?)")

@@ -1,0 +1,77 @@
+"""Reading an ONNX file safely: one-line errors for bad input, weights kept out of the parsed proto."""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import os
+from typing import List, Optional, Tuple
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from passctl.ir.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+_SIGNATURES = {
+    b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"GIF8": "a GIF image",
+    b"PK\x03\x04": "a zip archive (a PyTorch .pt/.pth checkpoint?)", b"\x1f\x8b": "a gzip archive",
+    b"GGUF": "a GGUF file", b"\x80\x02": "a Python pickle", b"%PDF": "a PDF document",
+    b"\x7fELF": "an executable",
+}
+
+
+def read_model_file(path: str) -> Tuple[onnx.ModelProto, List[Optional[memoryview]]]:
+    """Parse ``path`` as an ONNX model without loading external data.
+
+    Returns:
+        The ModelProto and, per main-graph initializer, raw data kept outside the proto (a list of
+        ``None`` here: the proto keeps its data; see :mod:`passctl.ir.onnx_import`).
+
+    Raises:
+        ModelLoadError: one line naming ``path``, the problem and what to do.
+    """
+    _check_path(path)
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    _check_head(path, head)
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if head[:1] == b"\x08":  # starts like a ModelProto (ir_version field)
+            raise ModelLoadError(f"{path}: the ONNX file is truncated or corrupted (protobuf parse "
+                                 f"failed: {reason}); export or download the model again") from None
+        raise ModelLoadError(f"{path}: not an ONNX model (protobuf parse failed: {reason}); give "
+                             "a .onnx file") from None
+    if not proto.HasField("graph") or (proto.ir_version == 0 and not len(proto.opset_import)):
+        raise ModelLoadError(f"{path}: not an ONNX model or truncated (no graph, ir_version or "
+                             "opset_import found); give a complete .onnx file")
+    return proto, []
+
+
+def _check_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path}: no such file; check the model path")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: is a folder, not an ONNX file; give the .onnx file inside it")
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{path}: not a regular file; give a .onnx file")
+    if not os.access(path, os.R_OK):
+        raise ModelLoadError(f"{path}: cannot be read (permission denied); check its permissions")
+
+
+def _check_head(path: str, head: bytes) -> None:
+    if not head:
+        raise ModelLoadError(f"{path}: the file is empty; export or download the model again")
+    for sig, what in _SIGNATURES.items():
+        if head.startswith(sig):
+            raise ModelLoadError(f"{path}: is {what}, not an ONNX model; give a .onnx file")
+    try:  # incremental: a multi-byte character cut at the 4096-byte boundary is not an error
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return
+    if all(c.isprintable() or c in "\r\n\t" for c in text):
+        raise ModelLoadError(f"{path}: is a text file, not an ONNX model (a binary protobuf); give "
+                             "a .onnx file")

@@ -1,0 +1,117 @@
+"""Streaming protobuf writing of ONNX weights: raw bytes appended as fields, chunked file copies."""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import BinaryIO, Iterable, Tuple
+
+from passctl.ir._tensor import Tensor
+
+CHUNK = 16 << 20  # bytes per read when copying from a data file
+
+# Wire-format field keys (field_number << 3 | wire type 2 = length-delimited).
+_MODEL_GRAPH = (7 << 3) | 2
+_GRAPH_INITIALIZER = (5 << 3) | 2
+_TENSOR_RAW_DATA = (9 << 3) | 2
+
+
+def varint(n: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative int."""
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def tensor_message_size(header: bytes, raw_len: int) -> int:
+    """Size of a TensorProto made of ``header`` plus a raw_data field of ``raw_len`` bytes
+    (``raw_len`` < 0: no raw_data field)."""
+    if raw_len < 0:
+        return len(header)
+    return len(header) + 1 + len(varint(raw_len)) + raw_len
+
+
+def write_initializers(f: BinaryIO, items: Iterable[Tuple[Tensor, bytes, int]]) -> None:
+    """Append the main graph's initializers to a serialized ModelProto in ``f``.
+
+    Protobuf merges a repeated occurrence of an embedded message field and concatenates repeated
+    fields (protobuf encoding spec, "Last One Wins" / merging), so one more ``ModelProto.graph``
+    field holding only ``initializer`` entries parses as if they were inside the first one.
+
+    Args:
+        f: file positioned after the serialized skeleton ModelProto.
+        items: per initializer (in order): the tensor, its TensorProto serialized without
+            raw_data, and the raw data length to append (-1: the header is the whole tensor).
+    """
+    items = list(items)
+    sizes = [tensor_message_size(h, n) for _, h, n in items]
+    payload = sum(1 + len(varint(s)) + s for s in sizes)
+    if not items:
+        return
+    f.write(bytes([_MODEL_GRAPH]) + varint(payload))
+    for (t, header, raw_len), size in zip(items, sizes):
+        f.write(bytes([_GRAPH_INITIALIZER]) + varint(size))
+        f.write(header)
+        if raw_len >= 0:
+            f.write(bytes([_TENSOR_RAW_DATA]) + varint(raw_len))
+            write_raw(f, t)
+
+
+def write_raw(f: BinaryIO, t: Tensor) -> None:
+    """Write the tensor's raw ONNX bytes at ``f``'s position, copying external data in chunks
+    (holes of a sparse source file are skipped with a seek, so they stay holes)."""
+    ext = t.external
+    if ext is not None:
+        copy_range(ext.path, ext.offset, t.nbytes if ext.length is None else ext.length, f)
+    else:
+        f.write(t.raw_view())
+
+
+def copy_range(src_path: str, offset: int, length: int, dst: BinaryIO) -> None:
+    """Copy ``length`` bytes of ``src_path`` from ``offset`` to ``dst``'s position in chunks.
+
+    Raises:
+        OSError: the source ends early or cannot be read.
+    """
+    end = offset + length
+    pos = offset
+    with open(src_path, "rb", buffering=0) as src:
+        fd = src.fileno()
+        while pos < end:
+            data = _next_data(fd, pos, end)
+            if data > pos:  # a hole: leave one in the output too
+                dst.seek(data - pos, os.SEEK_CUR)
+                pos = data
+                continue
+            stop = _next_hole(fd, pos, end)
+            src.seek(pos)
+            while pos < stop:
+                chunk = src.read(min(CHUNK, stop - pos))
+                if not chunk:
+                    raise OSError(f"{src_path}: ends at byte {pos}, expected {end} bytes")
+                dst.write(chunk)
+                pos += len(chunk)
+
+
+def _next_data(fd: int, pos: int, end: int) -> int:
+    try:
+        return min(os.lseek(fd, pos, os.SEEK_DATA), end)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # only a hole remains up to the end of the file
+            return end if pos < os.fstat(fd).st_size else pos
+        return pos
+    except AttributeError:  # no SEEK_DATA on this platform
+        return pos
+
+
+def _next_hole(fd: int, pos: int, end: int) -> int:
+    try:
+        return min(os.lseek(fd, pos, os.SEEK_HOLE), end)
+    except (OSError, AttributeError):
+        return end
