@@ -1,0 +1,114 @@
+"""The ONNX Runtime emitter: files, session.json per target, external data, atomic output, load check."""
+
+import json
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from passctl.ir.onnx_import import from_onnx
+from passctl.targets import EmitError, get_target
+from passctl.targets.onnxruntime import OnnxRuntimeEmitter, create_session, session_config
+
+
+def _conv_relu_proto(op="Relu") -> onnx.ModelProto:
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node(op, ["c"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model, x):
+    sess = ort.InferenceSession(model if isinstance(model, str) else model.SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+X = np.random.default_rng(0).uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)
+
+
+def test_emit_cpu_writes_loadable_model_and_session(tmp_path):
+    proto = _conv_relu_proto()
+    out = tmp_path / "out"
+    info = OnnxRuntimeEmitter().emit(from_onnx(proto), get_target("cpu"), str(out))
+    assert sorted(os.listdir(out)) == ["model.onnx", "session.json"]
+    assert info["external_data"] is False
+    assert info["weight_bytes"] == (16 * 3 * 3 * 3 + 16) * 4
+    assert info["load_check"]["ok"] and info["load_check"]["provider"] == "CPUExecutionProvider"
+    assert info["load_check"]["inputs"] == ["x"] and info["load_check"]["outputs"] == ["y"]
+    np.testing.assert_array_equal(_run(str(out / "model.onnx"), X), _run(proto, X))
+    cfg = json.loads((out / "session.json").read_text())
+    assert cfg["execution_providers"] == [["CPUExecutionProvider", {}]]
+    assert cfg["optional_execution_providers"] == []
+    assert cfg["target"]["name"] == "cpu"
+    # create_session follows session.json and runs the artifact.
+    sess = create_session(str(out))
+    assert sess.get_providers() == ["CPUExecutionProvider"]
+    np.testing.assert_array_equal(sess.run(None, {"x": X})[0], _run(proto, X))
+
+
+@pytest.mark.parametrize("name, fp16", [("a10", True), ("t4", True), ("h200", True)])
+def test_gpu_session_config(name, fp16):
+    cfg = session_config(get_target(name))
+    assert [p for p, _ in cfg["execution_providers"]] == ["CUDAExecutionProvider",
+                                                          "CPUExecutionProvider"]
+    (trt_name, trt), = cfg["optional_execution_providers"]
+    assert trt_name == "TensorrtExecutionProvider"
+    assert trt["trt_fp16_enable"] is fp16
+    assert cfg["target"]["compute_capability"] == get_target(name).sm
+    assert cfg["graph_optimization_level"] in dir(ort.GraphOptimizationLevel)
+
+
+def test_gpu_artifact_opens_on_cpu_only_runtime(tmp_path):
+    # This ONNX Runtime build has no CUDA provider: create_session falls back to the CPU provider.
+    proto = _conv_relu_proto()
+    OnnxRuntimeEmitter().emit(from_onnx(proto), get_target("a10"), str(tmp_path / "a10"))
+    sess = create_session(str(tmp_path / "a10"))
+    assert sess.get_providers()[-1] == "CPUExecutionProvider"
+    np.testing.assert_array_equal(sess.run(None, {"x": X})[0], _run(proto, X))
+
+
+def test_large_weights_go_to_external_data(tmp_path):
+    proto = _conv_relu_proto()
+    out = tmp_path / "ext"
+    info = OnnxRuntimeEmitter(external_data_threshold=0).emit(from_onnx(proto), get_target("cpu"),
+                                                              str(out))
+    assert info["external_data"] is True
+    assert "model.onnx.data" in os.listdir(out)
+    m = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert any(t.data_location == TensorProto.EXTERNAL for t in m.graph.initializer)
+    np.testing.assert_array_equal(_run(str(out / "model.onnx"), X), _run(proto, X))
+
+
+def test_failed_finalize_keeps_existing_output(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "marker.txt").write_text("old")
+
+    def boom(folder, info):
+        assert os.path.isfile(os.path.join(folder, "model.onnx"))
+        raise RuntimeError("check failed")
+
+    with pytest.raises(RuntimeError, match="check failed"):
+        OnnxRuntimeEmitter().emit(from_onnx(_conv_relu_proto()), get_target("cpu"), str(out), boom)
+    assert os.listdir(out) == ["marker.txt"]
+    assert os.listdir(tmp_path) == ["out"]  # no staging folder left behind
+    OnnxRuntimeEmitter().emit(from_onnx(_conv_relu_proto()), get_target("cpu"), str(out))
+    assert sorted(os.listdir(out)) == ["model.onnx", "session.json"]
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_model_that_does_not_load_is_an_emit_error(tmp_path):
+    proto = _conv_relu_proto(op="NoSuchOp")
+    with pytest.raises(EmitError, match="ONNX Runtime cannot load the emitted model"):
+        OnnxRuntimeEmitter().emit(from_onnx(proto), get_target("cpu"), str(tmp_path / "bad"))
+    assert not (tmp_path / "bad").exists()
+    assert os.listdir(tmp_path) == []
