@@ -1,0 +1,1 @@
+"""Target-independent cleanup passes: infer-shapes, fold-constants, dce, cse, eliminate-identity."""

@@ -1,0 +1,207 @@
+"""fold-constants: evaluate nodes whose inputs are all constants and lift Constant nodes to initializers."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import onnx
+import onnx.helper
+from onnx.reference import ReferenceEvaluator
+
+from passctl.ir import DataType, Graph, Model, Node, Shape, Tensor, TensorType
+from passctl.passes.base import Pass, PassResult
+from passctl.passes.common.constants import (attr_to_proto, constant_node_array, constant_tensor,
+                                             is_pure)
+from passctl.passes.registry import register_pass
+
+logger = logging.getLogger(__name__)
+
+# Ops kept even when their inputs are constant: folding DequantizeLinear of an int8 weight would turn
+# a QDQ model back into a float one (ONNX Runtime needs the DQ node to pick its int8 kernels).
+_KEEP_BY_DEFAULT = frozenset({"DequantizeLinear"})
+
+
+@register_pass
+class FoldConstants(Pass):
+    """Replace constant subexpressions by initializers.
+
+    Rules:
+      1. A ``Constant`` node becomes an initializer holding its value (lift); its output keeps its
+         name and consumers. Paddle exports (PP-OCR) keep every weight in Constant nodes.
+      2. A default-domain node whose inputs are all constants (initializers that are not graph
+         inputs, or Constant outputs) is evaluated with ``onnx.reference.ReferenceEvaluator`` on a
+         one-node model, and its used outputs become initializers under the same names.
+      3. ``Shape`` / ``Size`` of a value whose shape is fully static is computed from the type.
+      4. Never folded: nodes with subgraphs, random ops (RandomNormal, Dropout, ...), custom-domain
+         ops and model-local function calls, ``DequantizeLinear`` (unless ``fold_dequantize``), and
+         results larger than ``size_limit`` bytes (counted in ``too_large``).
+
+    Subgraphs are processed too (a folded value lands in the graph that produced it); function
+    bodies are not (their Constant nodes may reference the caller's attributes).
+
+    Statistics: ``lifted`` (Constant nodes made initializers), ``folded`` (nodes evaluated and
+    replaced), ``too_large`` (not folded: result over ``size_limit``), ``failed`` (the evaluator
+    raised or returned an unexpected element type; the node is kept).
+    """
+
+    name = "fold-constants"
+    summary = "Evaluate nodes with constant inputs and lift Constant nodes to initializers"
+
+    @dataclass
+    class Options:
+        """Options of fold-constants.
+
+        Attributes:
+            size_limit: largest folded result, in bytes (summed over a node's outputs).
+            fold_dequantize: also fold DequantizeLinear of constant (quantized) weights.
+        """
+
+        size_limit: int = 1 << 20
+        fold_dequantize: bool = False
+
+    def run(self, model: Model) -> PassResult:
+        self._model = model
+        self._stats = {"lifted": 0, "folded": 0, "too_large": 0, "failed": 0}
+        self._fold_graph(model.graph)
+        stats = self._stats
+        return PassResult(stats["lifted"] + stats["folded"] > 0, dict(stats))
+
+    # -- traversal ------------------------------------------------------------------------------
+    def _fold_graph(self, graph: Graph) -> None:
+        for node in graph:
+            subs = node.subgraphs()
+            if subs:
+                for sub in subs:
+                    self._fold_graph(sub)
+                continue
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                self._lift(graph, node)
+                continue
+            arrays = self._evaluate(node)
+            if arrays is not None:
+                self._replace_by_initializers(graph, node, arrays)
+                self._stats["folded"] += 1
+
+    def _lift(self, graph: Graph, node: Node) -> None:
+        out = node.outputs[0]
+        if out.is_graph_output() and graph.parent is not None:
+            return  # A subgraph's output stays produced by a node.
+        arr = constant_node_array(node)
+        if arr is None:
+            return
+        tensor = node.attr("value") if isinstance(node.attr("value"), Tensor) else Tensor(arr)
+        self._replace_by_initializers(graph, node, [tensor])
+        self._stats["lifted"] += 1
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def _foldable(self, node: Node) -> bool:
+        if not is_pure(node) or not node.inputs:
+            return False
+        if node.op_type in _KEEP_BY_DEFAULT and not self.options.fold_dequantize:
+            return False
+        graph = node.graph
+        if graph.parent is not None and any(o.is_graph_output() for o in node.outputs):
+            return False
+        return True
+
+    def _evaluate(self, node: Node) -> Optional[List[np.ndarray]]:
+        """The node's output arrays when it can be folded, else None (stats updated)."""
+        if not self._foldable(node):
+            return None
+        if node.op_type in ("Shape", "Size"):
+            arr = _static_shape_op(node)
+            if arr is not None:
+                return [arr]
+        inputs = [None if v is None else constant_tensor(v) for v in node.inputs]
+        if any(v is not None and t is None for v, t in zip(node.inputs, inputs)):
+            return None
+        if self._over_limit_by_type(node):
+            self._stats["too_large"] += 1
+            return None
+        try:
+            arrays = _run_reference(node, inputs, self._model.opset_imports)
+        except Exception as e:  # the evaluator raises many kinds; the node is simply kept
+            logger.debug("fold-constants: cannot evaluate %r: %s: %s", node, type(e).__name__, e)
+            self._stats["failed"] += 1
+            return None
+        nbytes = sum(a.nbytes for a, v in zip(arrays, node.outputs) if v.uses() or
+                     v.is_graph_output())
+        if nbytes > self.options.size_limit:
+            self._stats["too_large"] += 1
+            return None
+        for a, v in zip(arrays, node.outputs):
+            try:
+                dt = DataType.from_numpy(a.dtype)
+            except TypeError:
+                dt = None
+            if dt is None or (v.dtype is not None and v.dtype != dt):
+                logger.debug("fold-constants: %r output '%s' evaluated to %s, declared %s; kept",
+                             node, v.name, a.dtype, v.dtype)
+                self._stats["failed"] += 1
+                return None
+        return arrays
+
+    def _over_limit_by_type(self, node: Node) -> bool:
+        total = 0
+        for v in node.outputs:
+            if v.shape is None or v.dtype is None or not v.shape.is_static():
+                return False
+            total += (v.shape.numel() * v.dtype.bitwidth + 7) // 8
+        return total > self.options.size_limit
+
+    # -- rewriting ------------------------------------------------------------------------------
+    def _replace_by_initializers(self, graph: Graph, node: Node, arrays: Sequence) -> None:
+        """Remove ``node``; each of its outputs that is still needed becomes an initializer.
+
+        The output Value objects are kept (names, consumers and graph-output slots stay), only
+        their producer changes.
+        """
+        outputs = list(node.outputs)
+        graph.remove(node, safe=False)
+        node.set_outputs(())
+        for v, data in zip(outputs, arrays):
+            if not v.uses() and not any(o is v for o in graph.outputs):
+                continue
+            tensor = data if isinstance(data, Tensor) else Tensor(np.asarray(data))
+            if not v.name or v.name in graph.initializers:
+                v.name = graph.fresh_name(v.name or "folded")
+            tensor.name = v.name
+            v.const = tensor
+            v.type = TensorType(tensor.dtype, Shape(tensor.dims))
+            graph.add_initializer(v)
+
+
+def _static_shape_op(node: Node) -> Optional[np.ndarray]:
+    """``Shape`` (with start/end, opset 15) or ``Size`` of a statically shaped input, else None."""
+    shape = node.inputs[0].shape if node.inputs and node.inputs[0] is not None else None
+    if shape is None or not shape.is_static():
+        return None
+    dims = list(shape.dims)
+    if node.op_type == "Size":
+        return np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+    rank = len(dims)
+    start = node.attr("start", 0)
+    end = node.attr("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return np.array(dims[start:end], dtype=np.int64)
+
+
+def _run_reference(node: Node, inputs: Sequence[Optional[Tensor]],
+                   opset_imports: Dict[str, int]) -> List[np.ndarray]:
+    """Evaluate one node with ``onnx.reference.ReferenceEvaluator``.
+
+    Raises:
+        Exception: whatever the evaluator raises for an unsupported op or bad inputs.
+    """
+    in_names = ["" if t is None else f"in{i}" for i, t in enumerate(inputs)]
+    out_names = [f"out{i}" for i in range(len(node.outputs))]
+    proto = onnx.helper.make_node(node.op_type, in_names, out_names, domain=node.domain)
+    proto.attribute.extend(attr_to_proto(a) for a in node.attributes.values())
+    version = opset_imports.get("", opset_imports.get("ai.onnx", 21))
+    evaluator = ReferenceEvaluator(proto, opsets={"": version})
+    feeds = {n: t.numpy() for n, t in zip(in_names, inputs) if t is not None}
+    return [np.asarray(a) for a in evaluator.run(None, feeds)]

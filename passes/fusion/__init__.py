@@ -1,0 +1,1 @@
+"""Fusion passes: operator patterns folded or merged into fewer, cheaper nodes (fuse-conv-bn, ...)."""
