@@ -6,12 +6,13 @@ from passctl.ir._core import (Attr, AttrType, Function, Graph, Model, Node, Valu
 from passctl.ir._tensor import ExternalLocation, Tensor
 from passctl.ir.onnx_export import save, to_onnx
 from passctl.ir.onnx_import import from_onnx, load
+from passctl.ir.printer import format_node, print_graph, print_model
 from passctl.ir._types import (DataType, MapType, OptionalType, SequenceType, Shape,
                                SparseTensorType, TensorType, Type)
 
 __all__ = [
     "Attr", "AttrType", "Builder", "DataType", "ExternalLocation", "Function", "Graph", "MapType",
     "Model", "Node", "OptionalType", "SequenceType", "Shape", "SparseTensorType", "Tensor",
-    "TensorType", "Type", "Value", "from_onnx", "implicit_inputs", "load", "save", "to_onnx",
+    "TensorType", "Type", "Value", "format_node", "from_onnx", "implicit_inputs", "load", "print_graph", "print_model", "save", "to_onnx",
     "union_provenance",
 ]

@@ -809,6 +809,9 @@ class Model:
         self.extra: Dict[str, List[bytes]] = {}
         # Folder of the source file (external data resolves against it), when imported from a file.
         self.base_dir: Optional[str] = None
+        # The ONNX file the model was imported from (set by the importer); the IR text form refers to
+        # unchanged weights in it by tensor name instead of copying them.
+        self.source_path: Optional[str] = None
 
     @property
     def opset(self) -> int:
