@@ -180,44 +180,42 @@ class Tensor:
 
 
 def unpack_subbyte(buf: np.ndarray, dtype: DataType, count: int) -> np.ndarray:
-    """Unpack ONNX's packed 4-bit (low nibble first) or 2-bit elements into one byte each.
+    """Unpack ONNX's packed 2-, 4- or 6-bit elements (``count`` of them) into one element each.
 
-    Source of the layout: ONNX IR spec, "4 bit integer types" / "2 bit integer types".
+    ONNX packs these types as a little-endian bit stream: element ``k`` occupies bits
+    ``[k*b, (k+1)*b)`` counting from the least significant bit of byte 0 (for 4 bits: low nibble
+    first). Source: ONNX IR spec, "4 bit integer types" / "2 bit integer types" / FLOAT6E2M3, and
+    ``onnx.numpy_helper`` which the tests use as the reference.
+
+    Returns:
+        A flat array of ``dtype.numpy()`` with ``count`` elements.
     """
     bits = dtype.bitwidth
-    per = 8 // bits
-    u = np.asarray(buf, dtype=np.uint8)
-    parts = [(u >> (bits * k)) & ((1 << bits) - 1) for k in range(per)]
-    flat = np.stack(parts, axis=-1).reshape(-1)[:count]
-    return flat.astype(np.uint8).view(np.uint8).astype(dtype.numpy()) if dtype in (
-        DataType.UINT4, DataType.UINT2) else _signed_from_bits(flat, bits, dtype)
-
-
-def _signed_from_bits(flat: np.ndarray, bits: int, dtype: DataType) -> np.ndarray:
-    if dtype == DataType.FLOAT4E2M1:
-        return flat.astype(np.uint8).view(dtype.numpy())
-    signed = flat.astype(np.int8)
-    signed = np.where(signed >= (1 << (bits - 1)), signed - (1 << bits), signed).astype(np.int8)
-    return signed.astype(dtype.numpy())
+    u = np.ascontiguousarray(np.asarray(buf, dtype=np.uint8))
+    stream = np.unpackbits(u, bitorder="little")[:count * bits].reshape(count, bits)
+    codes = (stream.astype(np.uint8) << np.arange(bits, dtype=np.uint8)).sum(axis=1).astype(np.uint8)
+    if dtype in (DataType.INT4, DataType.INT2):
+        signed = codes.astype(np.int8)
+        signed = np.where(signed >= (1 << (bits - 1)), signed - (1 << bits), signed).astype(np.int8)
+        return signed.astype(dtype.numpy())
+    if dtype in (DataType.UINT4, DataType.UINT2):
+        return codes.astype(dtype.numpy())
+    # Sub-byte floats: ml_dtypes stores one element per byte, its code in the low bits.
+    return codes.view(dtype.numpy())
 
 
 def pack_subbyte(arr: np.ndarray, dtype: DataType) -> np.ndarray:
-    """Inverse of :func:`unpack_subbyte`: elements -> packed uint8 array (low bits first)."""
+    """Inverse of :func:`unpack_subbyte`: elements -> packed uint8 array (little-endian bit stream,
+    the last byte zero-padded)."""
     bits = dtype.bitwidth
-    per = 8 // bits
-    if dtype == DataType.FLOAT4E2M1:
-        flat = np.asarray(arr).reshape(-1).view(np.uint8)
+    flat = np.asarray(arr).reshape(-1)
+    if dtype in (DataType.INT4, DataType.INT2, DataType.UINT4, DataType.UINT2):
+        codes = flat.astype(np.int16).astype(np.uint8)
     else:
-        flat = np.asarray(arr).reshape(-1).astype(np.int16).astype(np.uint8)
-    flat = flat & ((1 << bits) - 1)
-    pad = (-len(flat)) % per
-    if pad:
-        flat = np.concatenate([flat, np.zeros(pad, np.uint8)])
-    flat = flat.reshape(-1, per)
-    out = np.zeros(len(flat), np.uint8)
-    for k in range(per):
-        out |= (flat[:, k] << (bits * k)).astype(np.uint8)
-    return out
+        codes = np.ascontiguousarray(flat.astype(dtype.numpy())).view(np.uint8)
+    codes = codes & np.uint8((1 << bits) - 1)
+    stream = ((codes[:, None] >> np.arange(bits, dtype=np.uint8)) & 1).astype(np.uint8)
+    return np.packbits(stream.reshape(-1), bitorder="little")
 
 
 def resolve_external_path(base_dir: str, location: str, tensor_name: str = "") -> str:

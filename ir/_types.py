@@ -41,6 +41,8 @@ class DataType(enum.IntEnum):
     FLOAT8E8M0 = 24
     UINT2 = 25
     INT2 = 26
+    FLOAT6E2M3 = 27
+    FLOAT6E3M2 = 28
 
     @property
     def short_name(self) -> str:
@@ -54,7 +56,7 @@ class DataType(enum.IntEnum):
 
     @property
     def bitwidth(self) -> int:
-        """Bits per element (4 for int4/uint4/fp4, 2 for int2/uint2, 0 for string/undefined)."""
+        """Bits per element (4 for int4/uint4/fp4, 6 for fp6, 2 for int2/uint2, 0 for string/undefined)."""
         return _BITWIDTH.get(self, 0)
 
     @property
@@ -63,8 +65,8 @@ class DataType(enum.IntEnum):
 
     @property
     def is_packed(self) -> bool:
-        """True for the sub-byte types that ONNX stores two or four to a byte."""
-        return self.bitwidth in (2, 4)
+        """True for the sub-byte types that ONNX packs as a little-endian bit stream (2, 4, 6 bits)."""
+        return self.bitwidth in (2, 4, 6)
 
     def numpy(self) -> np.dtype:
         """The numpy dtype that holds one element (ml_dtypes for bf16, fp8, int4, ...).
@@ -97,7 +99,7 @@ _SHORT_NAMES = {
     DataType.FLOAT8E4M3FNUZ: "f8e4m3fnuz", DataType.FLOAT8E5M2: "f8e5m2",
     DataType.FLOAT8E5M2FNUZ: "f8e5m2fnuz", DataType.UINT4: "u4", DataType.INT4: "i4",
     DataType.FLOAT4E2M1: "f4e2m1", DataType.FLOAT8E8M0: "f8e8m0", DataType.UINT2: "u2",
-    DataType.INT2: "i2",
+    DataType.INT2: "i2", DataType.FLOAT6E2M3: "f6e2m3", DataType.FLOAT6E3M2: "f6e3m2",
 }
 _FROM_SHORT = {v: k for k, v in _SHORT_NAMES.items()}
 _BITWIDTH = {
@@ -107,11 +109,12 @@ _BITWIDTH = {
     DataType.BFLOAT16: 16, DataType.FLOAT8E4M3FN: 8, DataType.FLOAT8E4M3FNUZ: 8,
     DataType.FLOAT8E5M2: 8, DataType.FLOAT8E5M2FNUZ: 8, DataType.UINT4: 4, DataType.INT4: 4,
     DataType.FLOAT4E2M1: 4, DataType.FLOAT8E8M0: 8, DataType.UINT2: 2, DataType.INT2: 2,
+    DataType.FLOAT6E2M3: 6, DataType.FLOAT6E3M2: 6,
 }
 _FLOATING = {
     DataType.FLOAT, DataType.FLOAT16, DataType.DOUBLE, DataType.BFLOAT16, DataType.FLOAT8E4M3FN,
     DataType.FLOAT8E4M3FNUZ, DataType.FLOAT8E5M2, DataType.FLOAT8E5M2FNUZ, DataType.FLOAT4E2M1,
-    DataType.FLOAT8E8M0,
+    DataType.FLOAT8E8M0, DataType.FLOAT6E2M3, DataType.FLOAT6E3M2,
 }
 _NUMPY = {
     DataType.FLOAT: np.dtype(np.float32), DataType.UINT8: np.dtype(np.uint8),
@@ -131,6 +134,8 @@ _NUMPY = {
     DataType.FLOAT8E8M0: np.dtype(ml_dtypes.float8_e8m0fnu),
     DataType.UINT2: np.dtype(getattr(ml_dtypes, "uint2", np.uint8)),
     DataType.INT2: np.dtype(getattr(ml_dtypes, "int2", np.int8)),
+    DataType.FLOAT6E2M3: np.dtype(getattr(ml_dtypes, "float6_e2m3fn", np.uint8)),
+    DataType.FLOAT6E3M2: np.dtype(getattr(ml_dtypes, "float6_e3m2fn", np.uint8)),
 }
 
 # A dimension is a non-negative int, a symbolic name (str), or None (unknown).
