@@ -92,14 +92,7 @@ def _ensure_loaded() -> None:
     if not _builtins_loaded:
         _builtins_loaded = True
         for module in _builtin_modules:
-            try:
-                importlib.import_module(module)
-            except ModuleNotFoundError as e:
-                # Only a built-in module that does not exist (yet) is tolerated; a missing dependency
-                # inside an existing module is a real error.
-                if not (e.name == module or module.startswith(f"{e.name}.")):
-                    raise
-                logger.debug("built-in pass module %s is not present", module)
+            importlib.import_module(module)
     if not _entry_points_loaded:
         _entry_points_loaded = True
         load_entry_points()

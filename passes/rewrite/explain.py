@@ -1,0 +1,81 @@
+"""``explain``: the best partial match of a rewrite rule in a model and why it stopped."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Type, Union
+
+from passctl.ir import Graph, Model, Node
+from passctl.passes.rewrite.rule import APPLIED, BLOCKED, RewriteRule
+from passctl.passes.rewrite.tracer import MatchTracer
+
+
+def _graphs(model: Model) -> List[Graph]:
+    out = [model.graph]
+    for n in model.graph.all_nodes():
+        out.extend(n.subgraphs())
+    out.extend(f.graph for f in model.functions.values())
+    return out
+
+
+def _label(node: Optional[Node]) -> str:
+    if node is None:
+        return "?"
+    prov = f" (from {', '.join(node.provenance)})" if node.provenance and node.provenance != (node.name,) else ""
+    return (f"{node.op_type} '{node.name}'" if node.name else node.op_type) + prov
+
+
+def explain(rule: Union[str, RewriteRule, Type[RewriteRule]], model: Model, limit: int = 20) -> str:
+    """Why ``rule`` does (not) fire in ``model``: for each node of the pattern's root op type, the
+    best partial match and the reason it stopped. Never mutates the model.
+
+    Args:
+        rule: a registered rule name, a rule class or a rule object.
+        model: the model to inspect.
+        limit: most anchors listed (the best first); the rest are counted.
+
+    Returns:
+        A multi-line report for people (the CLI's ``passctl explain RULE MODEL`` prints it).
+
+    Raises:
+        UserError: an unknown rule name (with the closest names).
+    """
+    if isinstance(rule, str):
+        from passctl.passes.rewrite.ruleset import get_rule
+
+        rule = get_rule(rule)
+    if isinstance(rule, type):
+        rule = rule()
+    tracer = MatchTracer()
+    domain, op_type = rule.root_op
+    size = rule.matcher.size
+    anchors = 0
+    for g in _graphs(model):
+        for node in g:
+            if node.op_type != op_type:
+                continue
+            anchors += 1
+            for score, reason, where, m, _ in rule.attempts(node, model):
+                tracer.record(rule, node, score, reason, where, m)
+    lines = [f"rule '{rule.name}': {rule.describe_pattern()}"]
+    if not anchors:
+        lines.append(f"no {op_type} node in the model, so the pattern's root op never appears")
+        return "\n".join(lines)
+    rows = tracer.entries(rule.name)
+    fires = sum(1 for r in rows if r[0] == size + APPLIED)
+    lines.append(f"{anchors} candidate {op_type} node(s); the rule would fire at {fires}")
+    for score, reason, where, anchor, _ in rows[:limit]:
+        if score == size + APPLIED:
+            status = "fires"
+        elif score >= size + BLOCKED:
+            what = "blocked" if score == size + BLOCKED else "check failed"
+            status = f"full pattern matched, {what}: {reason.removeprefix('check failed: ')}"
+        else:
+            status = f"matched {score} of {size} pattern ops; stopped: {reason}"
+        at = f" [at {_label(where)}]" if where is not None and where is not anchor else ""
+        lines.append(f"  at {_label(anchor)}: {status}{at}")
+    if len(rows) > limit:
+        lines.append(f"  ... {len(rows) - limit} more")
+    return "\n".join(lines)
+
+
+__all__ = ["explain"]

@@ -1,0 +1,159 @@
+"""Rule registry and ``RuleSet``: a list of rewrite rules applied as one pass, counting each rule."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Type, Union
+
+from passctl.ir import Graph, Model
+from passctl.ir.errors import UserError
+from passctl.passes.base import Pass, PassResult
+from passctl.passes.registry import register_pass
+from passctl.passes.rewrite.rule import RewriteRule
+from passctl.passes.rewrite.tracer import MatchTracer
+
+logger = logging.getLogger(__name__)
+
+_RULES: Dict[str, Type[RewriteRule]] = {}
+
+
+def register_rule(cls: Type[RewriteRule]) -> Type[RewriteRule]:
+    """Class decorator registering a :class:`RewriteRule` subclass under ``cls.name``.
+
+    Raises:
+        TypeError: not a RewriteRule subclass or no name.
+        ValueError: another class already has that name.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, RewriteRule)) or not cls.name:
+        raise TypeError(f"register_rule: {cls!r} must be a RewriteRule subclass with a name")
+    old = _RULES.get(cls.name)
+    if old is not None and old is not cls and (old.__module__, old.__qualname__) != (
+            cls.__module__, cls.__qualname__):
+        raise ValueError(f"register_rule: rule '{cls.name}' is already registered by "
+                         f"{old.__module__}.{old.__qualname__}")
+    _RULES[cls.name] = cls
+    return cls
+
+
+def get_rule(name: str) -> Type[RewriteRule]:
+    """The rule class registered as ``name`` (built-in pass modules are imported first).
+
+    Raises:
+        UserError: unknown rule; suggests the closest names.
+    """
+    from passctl.passes.registry import _ensure_loaded
+
+    _ensure_loaded()
+    if name in _RULES:
+        return _RULES[name]
+    close = difflib.get_close_matches(name, sorted(_RULES), n=3)
+    hint = ("did you mean " + " or ".join(f"'{c}'" for c in close) + "?") if close else (
+        f"known rules: {', '.join(sorted(_RULES)) or 'none'}")
+    raise UserError(f"unknown rewrite rule '{name}'; {hint}")
+
+
+def list_rules() -> List[Type[RewriteRule]]:
+    """All registered rule classes, sorted by name."""
+    from passctl.passes.registry import _ensure_loaded
+
+    _ensure_loaded()
+    return [_RULES[n] for n in sorted(_RULES)]
+
+
+@dataclass
+class RuleSetOptions:
+    """Options of a rule-set pass.
+
+    Attributes:
+        max_sweeps: most sweeps over the graph; a sweep tries every rule at every node, and the next
+            sweep sees the nodes the previous one created.
+    """
+
+    max_sweeps: int = 8
+
+
+def _graphs(model: Model) -> List[Graph]:
+    out = [model.graph]
+    for n in model.graph.all_nodes():
+        out.extend(n.subgraphs())
+    out.extend(f.graph for f in model.functions.values())
+    return out
+
+
+class RuleSet(Pass):
+    """Applies rewrite rules as one pass; ``stats`` counts applications per rule name.
+
+    At every node (main graph, subgraphs, function bodies, in order) the rules whose root op type
+    is the node's are tried in list order; the first that fires wins. Sweeps repeat until one
+    changes nothing or ``max_sweeps`` ran. A graph whose rewrites read a value defined between the
+    replaced nodes is re-sorted topologically once at the end.
+
+    Args:
+        rules: rule objects or classes.
+        name: the pass name (``rule-set`` by default).
+        options: :class:`RuleSetOptions`.
+        tracer: a :class:`MatchTracer` that records every attempt (for explanations).
+    """
+
+    name = "rule-set"
+    summary = "apply rewrite rules"
+    Options = RuleSetOptions
+
+    def __init__(self, rules: Sequence[Union[RewriteRule, Type[RewriteRule]]] = (), options=None,
+                 name: Optional[str] = None, tracer: Optional[MatchTracer] = None, **kwargs):
+        super().__init__(options, **kwargs)
+        if name is not None:
+            self.name = name
+        self.rules = [r() if isinstance(r, type) else r for r in rules]
+        self.tracer = tracer
+
+    def run(self, model: Model) -> PassResult:
+        counts: Dict[str, int] = {}
+        by_op: Dict[str, List[RewriteRule]] = {}
+        for r in self.rules:
+            by_op.setdefault(r.root_op[1], []).append(r)
+        for sweep in range(self.options.max_sweeps):
+            changed = False
+            for graph in _graphs(model):
+                needs_sort = False
+                for node in graph:
+                    if node.graph is not graph:
+                        continue
+                    for rule in by_op.get(node.op_type, ()):
+                        rep = rule.apply(node, model, self.tracer)
+                        if rep is None:
+                            continue
+                        counts[rule.name] = counts.get(rule.name, 0) + 1
+                        changed = True
+                        needs_sort |= rep.needs_sort
+                        break
+                if needs_sort:
+                    graph.sort(recursive=False)
+            if not changed:
+                break
+        else:
+            logger.warning("rule set '%s' still rewrote after %d sweeps; stopped", self.name,
+                           self.options.max_sweeps)
+        return PassResult(bool(counts), counts)
+
+
+def register_rule_set(pass_name: str, rules: Sequence[Union[str, Type[RewriteRule]]],
+                      summary: str) -> Type[Pass]:
+    """Register a pass ``pass_name`` that applies ``rules`` (names or classes) as a :class:`RuleSet`.
+
+    Returns:
+        The new Pass subclass (registered with :func:`register_pass`).
+    """
+    rule_list = list(rules)
+
+    class _RuleSetPass(RuleSet):
+        def __init__(self, options=None, **kwargs):
+            classes = [get_rule(r) if isinstance(r, str) else r for r in rule_list]
+            super().__init__(classes, options, **kwargs)
+
+    _RuleSetPass.name = pass_name
+    _RuleSetPass.summary = summary
+    _RuleSetPass.__qualname__ = _RuleSetPass.__name__ = "RuleSet_" + pass_name.replace("-", "_")
+    return register_pass(_RuleSetPass)
