@@ -1,0 +1,379 @@
+"""Well-formedness checks of the IR (SSA, scoping, use lists, op schemas, types) as diagnostics."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Union
+
+import onnx
+import onnx.defs
+
+from passctl.ir._core import Function, Graph, Model, Node, Value
+from passctl.ir._types import MapType, OptionalType, SequenceType, SparseTensorType, TensorType, Type
+from passctl.ir.errors import PassctlError
+
+logger = logging.getLogger(__name__)
+
+# Diagnostic kinds (``Diagnostic.kind``).
+SSA = "ssa"  # a value defined twice (two producers, or an input/initializer that a node produces)
+DUPLICATE_NAME = "duplicate-name"  # two distinct values with one name in a model's graphs
+USE_BEFORE_DEF = "use-before-def"  # a node reads a value its graph produces later
+DANGLING_USE = "dangling-use"  # a node reads a value that no visible scope defines
+USE_LIST = "use-list"  # a value's use list disagrees with the nodes' inputs (internal invariant)
+UNDEFINED_OUTPUT = "undefined-output"  # a graph output that nothing in scope defines
+SUBGRAPH_SCOPE = "subgraph-scope"  # a subgraph reads an outer value defined after its node
+ARITY = "arity"  # input/output count, or a missing required input, against the op schema
+ATTRIBUTE = "attribute"  # unknown, missing required, or wrong-kind attribute
+TYPE = "type"  # an input element type outside the schema's type constraint
+OUTPUT_TYPE = "output-type"  # declared graph-output type disagrees with shape inference (warning)
+KINDS = (SSA, DUPLICATE_NAME, USE_BEFORE_DEF, DANGLING_USE, USE_LIST, UNDEFINED_OUTPUT,
+         SUBGRAPH_SCOPE, ARITY, ATTRIBUTE, TYPE, OUTPUT_TYPE)
+
+
+@dataclass
+class Diagnostic:
+    """One problem found by :func:`verify`.
+
+    Attributes:
+        severity: ``"error"`` (the IR is invalid) or ``"warning"`` (suspicious but runnable).
+        kind: which check found it, one of :data:`KINDS` (e.g. ``"use-before-def"``).
+        message: one sentence saying what is wrong.
+        node: the offending node, or None for graph-level problems.
+        ir_line: the node's line in the IR text form (``passctl.ir.printer``), when there is a node.
+        line: the 1-based line number of ``ir_line`` in ``print_model(model)``, when known.
+        highlight: a value name to underline in ``ir_line``; the whole line when None.
+        in_operands: look for ``highlight`` among the node's inputs (right of ``=``) first.
+    """
+
+    severity: str
+    kind: str
+    message: str
+    node: Optional[Node] = None
+    ir_line: Optional[str] = None
+    line: Optional[int] = None
+    highlight: Optional[str] = None
+    in_operands: bool = False
+
+    def __str__(self) -> str:
+        out = [f"{self.severity}[{self.kind}]: {self.message}"]
+        if self.node is not None:
+            where = f"node '{self.node.name}' ({self.node.qualified_op})"
+            if self.line is not None:
+                where += f", line {self.line}"
+            out.append(f"  --> {where}")
+        if self.ir_line is not None:
+            text = self.ir_line.rstrip("\n")
+            gutter = f"{self.line} | " if self.line is not None else "  | "
+            pad = " " * (len(gutter) - 2) + "| "
+            start, width = _span(text, self.highlight, self.in_operands)
+            out.append(gutter + text)
+            out.append(pad + " " * start + "^" * max(width, 1))
+        return "\n".join(out)
+
+
+def _span(text: str, highlight: Optional[str], in_operands: bool = False):
+    if highlight:
+        eq = text.find(" = ")
+        starts = ([eq + 3] if in_operands and eq >= 0 else []) + [0]
+        for begin in starts:
+            for cand in (f"%{highlight}", highlight):
+                at = _find_token(text, cand, begin)
+                if at >= 0:
+                    return at, len(cand)
+    stripped = text.lstrip()
+    return len(text) - len(stripped), len(stripped.rstrip())
+
+
+def _find_token(text: str, token: str, begin: int = 0) -> int:
+    at = text.find(token, begin)
+    while at >= 0:
+        end = at + len(token)
+        if end >= len(text) or not (text[end].isalnum() or text[end] in "_."):
+            return at
+        at = text.find(token, at + 1)
+    return -1
+
+
+class VerificationError(PassctlError):
+    """The IR does not verify; ``diagnostics`` holds every diagnostic, ``str()`` the errors."""
+
+    def __init__(self, diagnostics: Sequence[Diagnostic]):
+        self.diagnostics = list(diagnostics)
+        errors = [d for d in self.diagnostics if d.severity == "error"]
+        head = f"the IR does not verify: {len(errors)} error(s)"
+        super().__init__("\n".join([head] + [str(d) for d in errors]))
+
+
+def verify(model_or_graph: Union[Model, Graph], check_output_types: bool = True,
+           opset_imports: Optional[Dict[str, int]] = None) -> List[Diagnostic]:
+    """Check that a model (or a lone graph) is well formed.
+
+    Checks, each reported with its own ``kind`` (see :data:`KINDS`): SSA and duplicate value names;
+    use before definition; dangling uses; use lists against the nodes' inputs; graph outputs
+    defined; subgraph scoping; arity, attributes and input types against the ONNX op schemas
+    (``onnx.defs.get_schema`` at the model's opset for the node's domain; unknown domains and ops,
+    i.e. custom ops, are not checked); model-local function bodies. With ``check_output_types``
+    (models only), each declared graph-output type is compared with what ONNX shape inference
+    computes from the exported model (``onnx.shape_inference``, then ONNX Runtime's symbolic shape
+    inference where ONNX's leaves a shape unknown); a disagreement is a WARNING. That check exports
+    the whole model, so callers that verify often (verify-each) should turn it off.
+
+    Args:
+        model_or_graph: the :class:`Model`, or a :class:`Graph` (then ``opset_imports`` or the
+            newest ONNX opset is used).
+        check_output_types: run the shape-inference comparison of graph outputs.
+        opset_imports: domain -> version for a lone graph.
+
+    Returns:
+        The diagnostics, errors and warnings, in graph order (empty when the IR is well formed).
+    """
+    if isinstance(model_or_graph, Model):
+        model: Optional[Model] = model_or_graph
+        graph = model_or_graph.graph
+        opsets = dict(model_or_graph.opset_imports)
+        functions = model_or_graph.functions
+    else:
+        model, graph, functions = None, model_or_graph, {}
+        opsets = dict(opset_imports or {"": onnx.defs.onnx_opset_version()})
+    diags: List[Diagnostic] = []
+    _GraphChecker(diags, opsets, functions).run(graph)
+    for fn in functions.values():
+        _GraphChecker(diags, dict(fn.opset_imports), functions, fn).run(fn.graph)
+    if model is not None and check_output_types:
+        from passctl.ir.verifier_types import output_type_diagnostics
+
+        diags.extend(output_type_diagnostics(model))
+    _attach_ir_lines(model, graph, diags)
+    return diags
+
+
+def verify_or_raise(model_or_graph: Union[Model, Graph], **kwargs) -> List[Diagnostic]:
+    """Run :func:`verify`; raise if it finds an error, else return the warnings.
+
+    Raises:
+        VerificationError: at least one diagnostic has severity ``"error"``.
+    """
+    diags = verify(model_or_graph, **kwargs)
+    if any(d.severity == "error" for d in diags):
+        raise VerificationError(diags)
+    return diags
+
+
+class _GraphChecker:
+    """Walks a graph and its subgraphs in order, tracking which values are visible."""
+
+    def __init__(self, diags: List[Diagnostic], opsets: Dict[str, int], functions: Dict,
+                 function: Optional[Function] = None):
+        self.diags = diags
+        self.opsets = opsets
+        self.functions = functions
+        self.function = function
+        self.names: Dict[str, Value] = {}
+        self.nodes: Set[Node] = set()
+
+    def error(self, kind: str, message: str, node: Optional[Node] = None,
+              highlight: Optional[str] = None, severity: str = "error",
+              in_operands: bool = False) -> None:
+        self.diags.append(Diagnostic(severity, kind, message, node, highlight=highlight,
+                                     in_operands=in_operands))
+
+    def run(self, graph: Graph) -> None:
+        self.nodes = set(graph.all_nodes())
+        self._walk(graph, set(), set())
+        self._check_use_lists(graph)
+
+    # -- scoping, SSA, names ---------------------------------------------------------------------
+    def _define(self, v: Value, defined: Set[Value], node: Optional[Node], what: str) -> None:
+        if v in defined:
+            first = f"{v.producer!r}" if v.producer is not None and v.producer is not node \
+                else "a graph input or initializer"
+            self.error(SSA, f"value '%{v.name}' is defined twice: by {what}, and before that by "
+                       f"{first}", node, v.name)
+        defined.add(v)
+        if v.name:
+            other = self.names.setdefault(v.name, v)
+            if other is not v:
+                self.error(DUPLICATE_NAME, f"two distinct values are named '%{v.name}' "
+                           f"({what} and {_describe(other)}); rename one", node, v.name)
+
+    def _walk(self, graph: Graph, outer_visible: Set[Value], outer_all: Set[Value]) -> None:
+        defined: Set[Value] = set(outer_visible)
+        for v in graph.inputs:
+            self._define(v, defined, None, f"an input of graph '{graph.name}'")
+        for v in graph.initializers.values():
+            if not any(v is i for i in graph.inputs):
+                self._define(v, defined, None, f"an initializer of graph '{graph.name}'")
+        local = {o for n in graph for o in n.outputs}
+        here_all = outer_all | local | set(graph.inputs) | set(graph.initializers.values())
+        for node in graph:
+            for i, v in enumerate(node.inputs):
+                if v is None or v in defined:
+                    continue
+                self._undefined_use(node, i, v, graph, local, outer_all)
+            for sub in node.subgraphs():
+                self._walk(sub, defined, here_all)
+            for i, v in enumerate(node.outputs):
+                if v.producer is not node or v.index != i:
+                    self.error(SSA, f"value '%{v.name}' is output {i} of {node!r} but records "
+                               f"output {v.index} of {v.producer!r} as its producer", node, v.name)
+                    continue
+                self._define(v, defined, node, f"{node!r}")
+            self._check_schema(node)
+        for i, v in enumerate(graph.outputs):
+            if v is not None and v not in defined:
+                self.error(UNDEFINED_OUTPUT, f"output {i} '%{v.name}' of graph '{graph.name}' is "
+                           f"not defined in it or an enclosing scope ({_describe(v)})",
+                           graph.parent, v.name)
+
+    def _undefined_use(self, node: Node, i: int, v: Value, graph: Graph, local: Set[Value],
+                       outer_all: Set[Value]) -> None:
+        what = f"input {i} '%{v.name}' of {node!r}"
+        if v in local:
+            self.error(USE_BEFORE_DEF, f"{what} is used before its producer {v.producer!r} "
+                       "defines it (the nodes are not in topological order)", node, v.name,
+                       in_operands=True)
+        elif v in outer_all:
+            self.error(SUBGRAPH_SCOPE, f"{what} reads an outer-scope value that is defined after "
+                       f"the node holding subgraph '{graph.name}' ({_describe(v)})", node, v.name,
+                       in_operands=True)
+        else:
+            self.error(DANGLING_USE, f"{what} is defined nowhere in scope ({_describe(v)})",
+                       node, v.name, in_operands=True)
+
+    # -- use lists ---------------------------------------------------------------------------------
+    def _check_use_lists(self, graph: Graph) -> None:
+        values: Dict[Value, None] = {}
+        for g in [graph] + [s for n in graph.all_nodes() for s in n.subgraphs()]:
+            values.update(dict.fromkeys(g.inputs))
+            values.update(dict.fromkeys(g.initializers.values()))
+        for n in graph.all_nodes():
+            for i, v in enumerate(n.inputs):
+                if v is None:
+                    continue
+                values[v] = None
+                if (n, i) not in v._uses:
+                    self.error(USE_LIST, f"input {i} '%{v.name}' of {n!r} is missing from the "
+                               "value's use list", n, v.name, in_operands=True)
+            values.update(dict.fromkeys(n.outputs))
+        for v in values:
+            for user, i in v.uses():
+                if user not in self.nodes and user.graph is None:
+                    self.error(USE_LIST, f"value '%{v.name}' lists a use by {user!r}, which is in no "
+                               "graph (a removed node kept its inputs)", v.producer, v.name)
+                elif user in self.nodes and (i >= len(user.inputs) or user.inputs[i] is not v):
+                    self.error(USE_LIST, f"value '%{v.name}' lists a use as input {i} of {user!r}, "
+                               "but that input is another value", user, v.name)
+
+    # -- op schemas --------------------------------------------------------------------------------
+    def _check_schema(self, node: Node) -> None:
+        fn = self.functions.get((node.domain, node.op_type, node.overload))
+        if fn is not None:
+            self._check_function_call(node, fn)
+            return
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        version = self.opsets.get(domain, self.opsets.get("ai.onnx") if domain == "" else None)
+        if version is None:
+            return
+        schema = _schema(node.op_type, version, domain)
+        if schema is None:
+            return
+        from passctl.ir.verifier_schema import check_node_against_schema
+
+        check_node_against_schema(self, node, schema, in_function=self.function is not None)
+
+    def _check_function_call(self, node: Node, fn: Function) -> None:
+        if len(node.inputs) > len(fn.graph.inputs):
+            self.error(ARITY, f"{node!r} has {len(node.inputs)} inputs; function "
+                       f"'{fn.domain}::{fn.name}' takes at most {len(fn.graph.inputs)}", node)
+        if len(node.outputs) > len(fn.graph.outputs):
+            self.error(ARITY, f"{node!r} has {len(node.outputs)} outputs; function "
+                       f"'{fn.domain}::{fn.name}' has {len(fn.graph.outputs)}", node)
+        known = set(fn.attributes) | {a.name for a in fn.attribute_defaults}
+        for name in node.attributes:
+            if name not in known:
+                self.error(ATTRIBUTE, f"{node!r} has attribute '{name}', which function "
+                           f"'{fn.domain}::{fn.name}' does not declare", node, name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema(op_type: str, version: int, domain: str):
+    try:
+        return onnx.defs.get_schema(op_type, version, domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+def _describe(v: Value) -> str:
+    if v.producer is not None:
+        where = f"graph '{v.producer.graph.name}'" if v.producer.graph is not None else "no graph"
+        return f"produced by {v.producer!r} in {where}"
+    if v.graph is not None:
+        return f"an input or initializer of graph '{v.graph.name}'"
+    return "no producer, not a graph input or initializer"
+
+
+def type_string(t: Optional[Type]) -> Optional[str]:
+    """The ONNX schema spelling of a value type, e.g. ``tensor(float)``, ``seq(tensor(int64))``.
+
+    Returns None when the type (or its element type) is unknown.
+    """
+    if isinstance(t, (TensorType, SparseTensorType)):
+        if t.dtype == 0:
+            return None
+        kind = "tensor" if isinstance(t, TensorType) else "sparse_tensor"
+        return f"{kind}({t.dtype.name.lower()})"
+    if isinstance(t, (SequenceType, OptionalType)):
+        inner = type_string(t.elem)
+        if inner is None:
+            return None
+        return f"{'seq' if isinstance(t, SequenceType) else 'optional'}({inner})"
+    if isinstance(t, MapType):
+        inner = type_string(t.value)
+        return None if inner is None else f"map({t.key.name.lower()}, {inner})"
+    return None
+
+
+def _attach_ir_lines(model: Optional[Model], graph: Graph, diags: Iterable[Diagnostic]) -> None:
+    """Fill ``ir_line`` and ``line`` of diagnostics that name a node (printer when available)."""
+    with_node = [d for d in diags if d.node is not None]
+    if not with_node:
+        return
+    line_map: Dict[Node, int] = {}
+    lines: List[str] = []
+    fmt = None
+    try:
+        from passctl.ir import printer
+
+        fmt = printer.format_node
+        if model is not None:
+            text = printer.print_model(model, line_map=line_map)
+        else:
+            text = printer.print_graph(graph, line_map=line_map)
+        lines = text.splitlines()
+    except Exception as e:  # noqa: BLE001 - the printer is optional here; fall back to one line
+        logger.debug("verifier: IR printer unavailable (%s); using one-line rendering", e)
+    for d in with_node:
+        line = line_map.get(d.node)
+        if line is not None and 0 < line <= len(lines):
+            d.line, d.ir_line = line, lines[line - 1].strip()
+            continue
+        try:
+            d.ir_line = fmt(d.node) if fmt is not None else format_node_fallback(d.node)
+        except Exception:  # noqa: BLE001 - a broken node must still get a diagnostic
+            d.ir_line = format_node_fallback(d.node)
+
+
+def format_node_fallback(node: Node) -> str:
+    """A simple one-line rendering, ``%y = Add(%a, %b) {axis=1}``, used when no printer exists."""
+    outs = ", ".join(f"%{v.name}" for v in node.outputs)
+    ins = ", ".join("%" + v.name if v is not None else "None" for v in node.inputs)
+    attrs = ", ".join(f"{k}={_short(a.value)}" for k, a in node.attributes.items())
+    text = f"{node.qualified_op}({ins})" + (f" {{{attrs}}}" if attrs else "")
+    return f"{outs} = {text}" if outs else text
+
+
+def _short(value) -> str:
+    text = repr(value) if not isinstance(value, Graph) else f"<graph {value.name}>"
+    return text if len(text) <= 40 else text[:37] + "..."

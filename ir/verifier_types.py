@@ -1,0 +1,135 @@
+"""Verifier check of declared graph-output types against ONNX shape inference (warnings)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional, Tuple
+
+import onnx
+import onnx.shape_inference
+
+from passctl.ir._core import Model
+from passctl.ir._types import TensorType
+
+logger = logging.getLogger(__name__)
+
+# Float weights bigger than this are replaced by a data-less stand-in before inference (they never
+# decide a shape, and copying them makes inference slow on large models).
+_STRIP_ELEMENTS = 1024
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                onnx.TensorProto.DOUBLE}
+
+
+def output_type_diagnostics(model: Model) -> List:
+    """Compare each declared main-graph output type with the inferred one.
+
+    The model is exported with ``passctl.ir.to_onnx``; the outputs' declared shapes and all
+    ``value_info`` are dropped; ``onnx.shape_inference.infer_shapes`` (with data propagation)
+    recomputes them. Where ONNX leaves an output's shape unknown while the model declares one, ONNX
+    Runtime's symbolic shape inference (``onnxruntime.tools.symbolic_shape_infer``) is tried too.
+    A different element type, rank, or static dimension gives a WARNING of kind ``output-type``.
+    When the export or both inferences fail the check is skipped (logged at INFO).
+
+    Returns:
+        A list of :class:`passctl.ir.verifier.Diagnostic` (severity ``"warning"``).
+    """
+    from passctl.ir.verifier import OUTPUT_TYPE, Diagnostic
+
+    declared = [(v, v.type) for v in model.graph.outputs]
+    if not any(isinstance(t, TensorType) for _, t in declared):
+        return []
+    try:
+        from passctl.ir.onnx_export import to_onnx
+
+        proto = to_onnx(model)
+    except Exception as e:  # noqa: BLE001 - the check is advisory; a broken IR is reported elsewhere
+        logger.info("verifier: output-type check skipped, export failed: %s", e)
+        return []
+    _prepare(proto)
+    inferred = _infer(proto, symbolic=False)
+    if inferred is None:
+        return []
+    unknown = [i for i, (_, t) in enumerate(declared) if isinstance(t, TensorType)
+               and t.shape is not None and inferred.get(i, (0, None))[1] is None]
+    if unknown:
+        better = _infer(proto, symbolic=True)
+        for i in unknown:
+            if better is not None and better.get(i, (0, None))[1] is not None:
+                inferred[i] = better[i]
+    diags = []
+    for i, (v, t) in enumerate(declared):
+        if not isinstance(t, TensorType) or i not in inferred:
+            continue
+        problem = _disagreement(t, *inferred[i])
+        if problem:
+            diags.append(Diagnostic(
+                "warning", OUTPUT_TYPE,
+                f"graph output {i} '%{v.name}' is declared {_fmt(int(t.dtype), _dims(t))} but shape "
+                f"inference computes {_fmt(*inferred[i])} ({problem})", v.producer,
+                highlight=v.name))
+    return diags
+
+
+def _prepare(proto: onnx.ModelProto) -> None:
+    del proto.graph.value_info[:]
+    for o in proto.graph.output:
+        if o.type.HasField("tensor_type"):
+            o.type.tensor_type.ClearField("shape")
+    for init in proto.graph.initializer:
+        n = 1
+        for d in init.dims:
+            n *= d
+        if init.data_type in _FLOAT_TYPES and n > _STRIP_ELEMENTS and init.HasField("raw_data"):
+            init.ClearField("raw_data")
+            init.data_location = onnx.TensorProto.EXTERNAL
+            entry = init.external_data.add()
+            entry.key, entry.value = "location", "passctl-stripped-weights"
+
+
+def _infer(proto: onnx.ModelProto, symbolic: bool) -> Optional[Dict[int, Tuple[int, Optional[tuple]]]]:
+    try:
+        if symbolic:
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+            copy = onnx.ModelProto()
+            copy.CopyFrom(proto)
+            out = SymbolicShapeInference.infer_shapes(copy, auto_merge=True)
+        else:
+            out = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+    except Exception as e:  # noqa: BLE001 - inference is best effort here
+        logger.info("verifier: %s shape inference failed: %s", "symbolic" if symbolic else "ONNX", e)
+        return None
+    result = {}
+    for i, o in enumerate(out.graph.output):
+        if not o.type.HasField("tensor_type"):
+            continue
+        tt = o.type.tensor_type
+        dims = None
+        if tt.HasField("shape"):
+            dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+        result[i] = (tt.elem_type, dims)
+    return result
+
+
+def _dims(t: TensorType) -> Optional[tuple]:
+    return None if t.shape is None else tuple(d if isinstance(d, int) else None for d in t.shape)
+
+
+def _disagreement(t: TensorType, elem: int, dims: Optional[tuple]) -> str:
+    if elem and int(t.dtype) and elem != int(t.dtype):
+        return "element type differs"
+    mine = _dims(t)
+    if mine is None or dims is None:
+        return ""
+    if len(mine) != len(dims):
+        return f"rank {len(mine)} vs {len(dims)}"
+    for k, (a, b) in enumerate(zip(mine, dims)):
+        if a is not None and b is not None and a != b:
+            return f"dim {k}: {a} vs {b}"
+    return ""
+
+
+def _fmt(elem: int, dims: Optional[tuple]) -> str:
+    name = onnx.TensorProto.DataType.Name(elem).lower() if elem else "?"
+    shape = "?" if dims is None else "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+    return f"{name}{shape}"
