@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from typing import Dict, Iterator, Optional, Tuple
@@ -21,6 +22,7 @@ logger = logging.getLogger(__name__)
 # A serialized ModelProto cannot exceed 2 GiB (protobuf); above this many bytes of constants the
 # model goes through a temporary file with external data and onnx's path-based inference.
 _PROTO_LIMIT = 1_800_000_000
+_GENERATED = re.compile(r"^unk__\d+$")
 
 
 @register_pass
@@ -39,7 +41,8 @@ class InferShapes(Pass):
          unknown type takes the inferred one; for equal element types and ranks each dim keeps a
          known int, and an unknown or symbolic dim takes an inferred int (an unknown one also an
          inferred symbol). A different element type or rank, or two different ints, keeps the
-         existing type and counts a conflict (logged as a warning).
+         existing type and counts a conflict (logged as a warning). Dim names onnx generates
+         (``unk__N``) count as unknown.
       4. Ops onnx has no schema for (custom domains such as ``com.microsoft``) get no inferred
          outputs; inference goes on past them. If onnx's inference raises, the model is left
          unchanged and ``inference_failed`` is 1 (logged as a warning).
@@ -82,7 +85,7 @@ class InferShapes(Pass):
             tp = types.get(value.name)
             if tp is None or value.const is not None:
                 continue
-            new, conflict = merge_types(value.type, type_from_proto(tp))
+            new, conflict = merge_types(value.type, _drop_generated_symbols(type_from_proto(tp)))
             if conflict:
                 stats["conflicts"] += 1
                 logger.warning("infer-shapes: value '%s' is declared %s but inferred %s; kept the "
@@ -155,6 +158,20 @@ def merge_types(existing: Optional[Type], inferred: Optional[Type]) -> Tuple[Opt
         return None, False
     shape = Shape(tuple(dims), existing.shape.denotations)
     return TensorType(existing.dtype, shape, existing.denotation), False
+
+
+def _drop_generated_symbols(t: Optional[Type]) -> Optional[Type]:
+    """Turn onnx's generated dim names (``unk__0``...) into unknown dims.
+
+    They only mean "equal within one inference run"; kept in the IR they would wrongly tie dims of
+    different runs together.
+    """
+    if not isinstance(t, TensorType) or t.shape is None:
+        return t
+    dims = tuple(None if isinstance(d, str) and _GENERATED.match(d) else d for d in t.shape.dims)
+    if dims == t.shape.dims:
+        return t
+    return TensorType(t.dtype, Shape(dims, t.shape.denotations), t.denotation)
 
 
 def _constant_bytes(model: Model) -> int:

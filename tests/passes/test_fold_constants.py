@@ -1,0 +1,117 @@
+"""fold-constants: lift, fold (reference evaluator and static Shape), size limit, kept ops; ORT numerics."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+from helpers import apply, assert_same_outputs, op_types, parse
+
+from corpus import CORPUS
+from passctl.ir import load, to_onnx
+from passctl.passes.common.fold_constants import FoldConstants
+from passctl.tools.check import check_models
+
+
+def _inits(proto):
+    return {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+
+
+def test_lift_and_fold_chain():
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[2,3] y) {
+            a = Constant <value = float[3] {1.0, 2.0, 3.0}> ()
+            two = Constant <value_float = 2.0> ()
+            b = Mul (a, two)
+            c = Sqrt (b)
+            y = Add (x, c)
+        }""")
+    model, result, out = apply(proto, FoldConstants())
+    assert result.stats == {"lifted": 2, "folded": 2, "too_large": 0, "failed": 0}
+    assert op_types(out) == ["Add"]
+    inits = _inits(out)
+    # Independent value: sqrt([1, 2, 3] * 2) in float32; the folded value keeps its name "c".
+    np.testing.assert_allclose(inits["c"], np.sqrt(np.array([2, 4, 6], np.float32)), rtol=1e-7)
+    assert inits["c"].dtype == np.float32
+    assert_same_outputs(proto, out)
+
+
+def test_shape_of_static_value_and_reshape_folded():
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3,4] x) => (float[6,4] y) {
+            s = Shape <start = 1> (x)
+            p = ReduceProd <keepdims = 1> (s)
+            m1 = Constant <value = int64[1] {-1}> ()
+            t = Concat <axis = 0> (m1, p)
+            y = Reshape (x, t)
+        }""")
+    _, result, out = apply(proto, FoldConstants())
+    assert result.stats["folded"] == 3 and result.stats["lifted"] == 1
+    assert op_types(out) == ["Reshape"]
+    np.testing.assert_array_equal(_inits(out)[out.graph.node[0].input[1]], [-1, 12])
+    assert_same_outputs(proto, out)
+
+
+def test_size_limit_and_kept_ops():
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1000] x) => (float[1000] y, float[4] r, float[4] d) {
+            shape = Constant <value = int64[1] {1000}> ()
+            big = ConstantOfShape <value = float[1] {1.0}> (shape)
+            y = Add (x, big)
+            r = RandomNormal <shape = [4], seed = 1.0> ()
+            q = Constant <value = int8[4] {1, 2, 3, 4}> ()
+            sc = Constant <value_float = 0.5> ()
+            d = DequantizeLinear (q, sc)
+        }""")
+    # 1000 float32 = 4000 bytes > 1000: ConstantOfShape is counted, not folded.
+    _, result, out = apply(proto, FoldConstants(size_limit=1000))
+    assert result.stats == {"lifted": 3, "folded": 0, "too_large": 1, "failed": 0}
+    assert op_types(out) == ["ConstantOfShape", "Add", "RandomNormal", "DequantizeLinear"]
+    _, result, out = apply(proto, FoldConstants(fold_dequantize=True))
+    assert result.stats["folded"] == 2  # ConstantOfShape and DequantizeLinear
+    np.testing.assert_array_equal(_inits(out)["d"], np.array([0.5, 1, 1.5, 2], np.float32))
+    assert "RandomNormal" in op_types(out)
+
+
+def test_custom_domain_and_graph_input_initializer_not_folded():
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17, "custom.domain" : 1]>
+        g (float[2] x, float[2] w) => (float[2] y, float[2] z) {
+            one = Constant <value = float[2] {1.0, 1.0}> ()
+            y = custom.domain.Foo (one)
+            z = Add (w, one)
+        }""", check=False)
+    # "w" is both a graph input and an initializer: a default the caller may override.
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(2, np.float32), "w"))
+    _, result, out = apply(proto, FoldConstants())
+    assert result.stats == {"lifted": 1, "folded": 0, "too_large": 0, "failed": 0}
+    assert op_types(out) == ["Foo", "Add"]
+
+
+def test_graph_output_name_kept():
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2] x) => (float[2] y, int64[1] n) {
+            y = Relu (x)
+            k = Constant <value = int64[1] {3}> ()
+            n = Neg (k)
+        }""")
+    _, result, out = apply(proto, FoldConstants())
+    assert result.stats["folded"] == 1
+    assert [o.name for o in out.graph.output] == ["y", "n"]
+    np.testing.assert_array_equal(_inits(out)["n"], [-3])
+    assert_same_outputs(proto, out)
+
+
+def test_ppocr_det_weights_lifted():
+    entry = CORPUS["ppocr_det"]
+    model = load(entry.path)
+    constants = sum(n.op_type == "Constant" for n in model.graph)
+    result = FoldConstants()(model)
+    assert result.stats["lifted"] == constants
+    assert not any(n.op_type == "Constant" for n in model.graph)
+    check = check_models(entry.path, to_onnx(model), inputs=entry.inputs(seed=0))
+    assert check.ok(1e-5), str(check)

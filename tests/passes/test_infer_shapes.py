@@ -1,0 +1,102 @@
+"""infer-shapes: data propagation, precision-keeping merge, custom domains, file-based path, conflicts."""
+
+from __future__ import annotations
+
+import onnx
+from helpers import apply, assert_same_outputs, parse
+
+from corpus import CORPUS
+from passctl.ir import DataType, Shape, TensorType, from_onnx, load
+from passctl.passes.common.infer_shapes import InferShapes, merge_types
+
+_DYNAMIC_RESHAPE = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,3,4] x) => (float[?,?] y) {
+        s = Shape (x)
+        i0 = Constant <value = int64[1] {0}> ()
+        d0 = Gather <axis = 0> (s, i0)
+        m1 = Constant <value = int64[1] {-1}> ()
+        t = Concat <axis = 0> (d0, m1)
+        r = Reshape (x, t)
+        y = Relu (r)
+    }"""
+
+
+def _values(model):
+    return {v.name: v for n in model.graph.all_nodes() for v in n.outputs}
+
+
+def test_data_propagation_gives_static_shapes():
+    proto = parse(_DYNAMIC_RESHAPE)
+    model, result, out = apply(proto, InferShapes())
+    values = _values(model)
+    # Shape -> Gather -> Concat is propagated as data, so the Reshape target [2, -1] is known.
+    assert values["t"].type == TensorType(DataType.INT64, Shape((2,)))
+    assert values["r"].type == TensorType(DataType.FLOAT, Shape((2, 12)))
+    assert values["y"].type == TensorType(DataType.FLOAT, Shape((2, 12)))
+    assert result.stats["untyped"] == 0 and result.stats["inference_failed"] == 0
+    assert result.stats["values_typed"] == 7  # six node outputs and the refined graph output y
+    assert_same_outputs(proto, out)
+
+
+def test_without_data_prop_reshape_stays_unknown():
+    model, result, _ = apply(parse(_DYNAMIC_RESHAPE), InferShapes(data_prop=False))
+    assert _values(model)["r"].type.shape.dims == (None, None)
+
+
+def test_file_based_inference_for_large_models_matches():
+    small, _, _ = apply(parse(_DYNAMIC_RESHAPE), InferShapes())
+    large, result, _ = apply(parse(_DYNAMIC_RESHAPE), InferShapes(large_model_bytes=0))
+    assert result.stats["values_typed"] == 7
+    assert {k: v.type for k, v in _values(small).items()} == \
+        {k: v.type for k, v in _values(large).items()}
+
+
+def test_merge_never_loses_precision():
+    f = DataType.FLOAT
+    t = lambda *dims: TensorType(f, Shape(dims))  # noqa: E731
+    assert merge_types(None, t(2, 3)) == (t(2, 3), False)
+    assert merge_types(t("N", None), t(4, "M")) == (t(4, "M"), False)
+    assert merge_types(t(4, 5), t("N", None)) == (None, False)  # existing ints stay
+    assert merge_types(t(4, 5), t(4, 6)) == (None, True)  # two ints differ: conflict, kept
+    assert merge_types(t(4), t(4, 1)) == (None, True)
+    assert merge_types(TensorType(DataType.INT64, Shape((4,))), t(4)) == (None, True)
+    assert merge_types(TensorType(f), t(1, 2)) == (t(1, 2), False)
+
+
+def test_custom_domain_node_does_not_stop_inference():
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17, "com.example" : 1]>
+        g (float[2,3] x) => (float[2,3] y, float[3,2] z) {
+            c = com.example.Mystery (x)
+            y = Relu (c)
+            z = Transpose (x)
+        }""", check=False)
+    model = from_onnx(proto)
+    result = InferShapes()(model)
+    values = _values(model)
+    assert result.stats["inference_failed"] == 0
+    assert values["c"].type is None  # no schema for com.example::Mystery
+    assert values["z"].type == TensorType(DataType.FLOAT, Shape((3, 2)))
+    assert values["y"].type == TensorType(DataType.FLOAT, Shape((2, 3)))  # declared, kept
+
+
+def test_declared_output_shape_conflict_is_counted_not_fatal():
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[5,5] y) { y = Relu (x) }""", check=False)
+    model = from_onnx(proto)
+    result = InferShapes()(model)
+    assert result.stats["conflicts"] == 1 and result.stats["inference_failed"] == 0
+    assert model.graph.outputs[0].type == TensorType(DataType.FLOAT, Shape((5, 5)))
+
+
+def test_real_model_fully_typed():
+    model = load(CORPUS["ppocr_cls"].path)
+    result = InferShapes()(model)
+    assert result.stats["untyped"] == 0 and result.stats["values_typed"] > 500
+    conv = next(n for n in model.graph if n.op_type == "Conv")
+    weight = next(n for n in model.graph if n.outputs[0] is conv.inputs[1])  # a Constant node
+    c_out = weight.attr("value").dims[0]
+    out = conv.outputs[0].type
+    assert out.dtype == DataType.FLOAT and out.shape.rank == 4 and out.shape[1] == c_out
