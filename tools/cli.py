@@ -113,7 +113,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=os.environ.get("PASSCTL_LOG", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
-    out, err = Console(), Console(stderr=True)
+    # Not a terminal (a pipe, a file, a test): no wrapping, so lines stay greppable.
+    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    err = Console(stderr=True)
     try:
         args = build_parser().parse_args(_normalize_argv(argv))
         if args.command is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import tempfile
 import time
 import traceback
@@ -86,8 +87,16 @@ def _reference_model(model, path: str, workdir: str) -> str:
 
 def _write_crash_folder(root: Optional[str], argv: List[str], error: BaseException,
                         model=None) -> str:
-    """A reproducer for a failure outside the passes: the command, traceback and IR (when given)."""
-    folder = tempfile.mkdtemp(prefix="passctl-crash-", dir=root)
+    """A reproducer for a failure outside the passes: the command, traceback and IR (when given).
+
+    The folder is ``<root>/compile-XXXX`` (``root``: ``--reproducer-dir``, else a fresh folder under
+    the system temp folder).
+    """
+    from passctl.tools.instrument_setup import default_reproducer_dir
+
+    root = os.path.abspath(root or default_reproducer_dir())
+    os.makedirs(root, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="compile-", dir=root)
     with open(os.path.join(folder, "command.sh"), "w") as f:
         f.write("passctl " + " ".join(shlex.quote(a) for a in argv) + "\n")
     with open(os.path.join(folder, "traceback.txt"), "w") as f:
@@ -180,6 +189,9 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                 crash = _write_crash_folder(args.reproducer_dir, argv,
                                             RuntimeError("numeric check failed"), model)
                 write_report(crash, report)
+                for name in os.listdir(folder):  # the candidate artifact, to compare by hand
+                    if name.startswith("model.onnx"):
+                        shutil.copy2(os.path.join(folder, name), os.path.join(crash, name))
                 raise InternalError(f"numeric check failed: {report['check']['failures'][0]} "
                                     f"(report in the reproducer)", crash)
             write_report(folder, report)

@@ -1,0 +1,134 @@
+"""Exit codes: 2 with one line for user errors, 3 with a reproducer for a crashing pass; no OUT then."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from cli_helpers import conv_bn_proto, sha256  # tests/cli/cli_helpers.py
+
+RAISING_PLUGIN = '''
+from passctl.passes.base import Pass
+from passctl.passes.registry import register_pass
+
+
+@register_pass(replace=True)
+class ExplodePass(Pass):
+    name = "explode"
+    summary = "a pass that always raises (tests the crash reproducer)"
+
+    def run(self, model):
+        raise RuntimeError("boom in explode")
+'''
+
+
+def _assert_user_error(r, *fragments):
+    assert r.rc == 2, (r.out, r.err)
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith("passctl: error: ")
+    assert "Traceback" not in r.err
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_missing_file(cli, tmp_path):
+    r = cli(tmp_path / "nope.onnx", "-o", tmp_path / "out")
+    _assert_user_error(r, "nope.onnx", "not found")
+    assert not (tmp_path / "out").exists()
+
+
+def test_not_an_onnx_file(cli, tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00\x01 this is not a protobuf \xff\xfe" * 10)
+    r = cli(bad, "-o", tmp_path / "out")
+    _assert_user_error(r, "bad.onnx")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_package(cli, tmp_path):
+    r = cli("no_such_pkg_xyz:models/a.onnx", "-o", tmp_path / "out")
+    _assert_user_error(r, "package 'no_such_pkg_xyz' is not installed")
+
+
+def test_unknown_pass_suggests(cli, conv_bn_model, tmp_path):
+    r = cli(conv_bn_model, "--pipeline", "cleanup,fuse-conv-bm", "-o", tmp_path / "out")
+    _assert_user_error(r, "fuse-conv-bm", "did you mean 'fuse-conv-bn'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_target_suggests(cli, conv_bn_model, tmp_path):
+    r = cli("--pipeline", "cleanup", "--target", "a01", conv_bn_model, "-o", tmp_path / "out")
+    _assert_user_error(r, "unknown target 'a01'", "'a10'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_alias_without_passes_says_so(cli, conv_bn_model, tmp_path):
+    # The card's form, options before the model: `quantize` has no passes in this version.
+    r = cli("--pipeline", "fuse-conv-bn,quantize", "--target", "a10", conv_bn_model,
+            "-o", tmp_path / "out")
+    _assert_user_error(r, "quantize", "not implemented")
+
+
+def test_unimplemented_emitter(cli, conv_bn_model, tmp_path):
+    r = cli(conv_bn_model, "--emit", "tvm", "-o", tmp_path / "out")
+    _assert_user_error(r, "the TVM emitter is not implemented in this version; "
+                          "use --emit onnxruntime")
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_option_is_one_line(cli, conv_bn_model):
+    r = cli(conv_bn_model, "--no-such-option")
+    _assert_user_error(r, "--no-such-option")
+
+
+def test_plugin_pass_that_raises_exits_3_with_reproducer(cli, conv_bn_model, tmp_path):
+    plugin = tmp_path / "explode.py"
+    plugin.write_text(RAISING_PLUGIN)
+    digest = sha256(conv_bn_model)
+    out, repro_root = tmp_path / "out", tmp_path / "crashes"
+    r = cli(conv_bn_model, "--load", plugin, "--pipeline", "eliminate-identity,explode",
+            "-o", out, "--reproducer-dir", repro_root)
+    assert r.rc == 3, (r.out, r.err)
+    assert "Traceback" not in r.err
+    assert "pass 'explode' failed after passes [eliminate-identity]" in r.err
+    assert "boom in explode" in r.err
+    (repro_line,) = [ln for ln in r.err.splitlines() if ln.startswith("passctl: reproducer: ")]
+    folder = Path(repro_line.split(": ", 2)[2])
+    assert folder.parent == repro_root and folder.name == "002_explode"
+    assert sorted(os.listdir(folder)) == ["error.txt", "input.onnx", "input.pir", "pipeline.txt",
+                                          "plugins", "reproduce.sh"]
+    assert (folder / "pipeline.txt").read_text().strip() == "explode"
+    assert "boom in explode" in (folder / "error.txt").read_text()
+    # The reproducer's input is the IR the failing pass got: Identity already removed, same math.
+    sess = ort.InferenceSession(str(folder / "input.onnx"), providers=["CPUExecutionProvider"])
+    assert "Identity" not in [n.op_type for n in onnx.load(str(folder / "input.onnx")).graph.node]
+    ref = ort.InferenceSession(conv_bn_proto().SerializeToString(),
+                               providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
+                               rtol=1e-6, atol=1e-6)
+    assert not out.exists()
+    assert sha256(conv_bn_model) == digest
+    # Running the reproducer fails the same way, with the same exit code.
+    venv_bin = Path(sys.executable).parent
+    proc = subprocess.run(["sh", str(folder / "reproduce.sh")], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, OUT=str(tmp_path / "rerun"),
+                                                PATH=f"{venv_bin}:{os.environ['PATH']}"))
+    assert proc.returncode == 3, proc.stderr
+    assert "boom in explode" in proc.stderr
+
+
+def test_success_replaces_existing_output_and_leaves_input(cli, conv_bn_model, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    digest = sha256(conv_bn_model)
+    r = cli(conv_bn_model, "--pipeline", "cleanup", "-o", out, "-q")
+    assert r.rc == 0, r.err
+    assert sorted(os.listdir(out)) == ["model.onnx", "report.json", "session.json"]
+    assert sha256(conv_bn_model) == digest
+    assert sorted(os.listdir(tmp_path)) == ["conv_bn.onnx", "out"]
