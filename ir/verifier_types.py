@@ -46,16 +46,22 @@ def output_type_diagnostics(model: Model) -> List:
         logger.info("verifier: output-type check skipped, export failed: %s", e)
         return []
     _prepare(proto)
-    inferred = _infer(proto, symbolic=False)
-    if inferred is None:
+    inferred_model = _infer_model(proto, symbolic=False)
+    if inferred_model is None:
         return []
+    inferred = _output_types(inferred_model)
     unknown = [i for i, (_, t) in enumerate(declared) if isinstance(t, TensorType)
                and t.shape is not None and inferred.get(i, (0, None))[1] is None]
     if unknown:
-        better = _infer(proto, symbolic=True)
+        better_model = _infer_model(proto, symbolic=True)
+        better = _output_types(better_model) if better_model is not None else {}
         for i in unknown:
-            if better is not None and better.get(i, (0, None))[1] is not None:
+            if better.get(i, (0, None))[1] is not None:
                 inferred[i] = better[i]
+            else:
+                rank = _reshape_rank(inferred_model, i)
+                if rank is not None:
+                    inferred[i] = (inferred.get(i, (0, None))[0], (None,) * rank)
     diags = []
     for i, (v, t) in enumerate(declared):
         if not isinstance(t, TensorType) or i not in inferred:
@@ -86,7 +92,7 @@ def _prepare(proto: onnx.ModelProto) -> None:
             entry.key, entry.value = "location", "passctl-stripped-weights"
 
 
-def _infer(proto: onnx.ModelProto, symbolic: bool) -> Optional[Dict[int, Tuple[int, Optional[tuple]]]]:
+def _infer_model(proto: onnx.ModelProto, symbolic: bool) -> Optional[onnx.ModelProto]:
     try:
         if symbolic:
             from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
@@ -99,6 +105,10 @@ def _infer(proto: onnx.ModelProto, symbolic: bool) -> Optional[Dict[int, Tuple[i
     except Exception as e:  # noqa: BLE001 - inference is best effort here
         logger.info("verifier: %s shape inference failed: %s", "symbolic" if symbolic else "ONNX", e)
         return None
+    return out
+
+
+def _output_types(out: onnx.ModelProto) -> Dict[int, Tuple[int, Optional[tuple]]]:
     result = {}
     for i, o in enumerate(out.graph.output):
         if not o.type.HasField("tensor_type"):
@@ -109,6 +119,30 @@ def _infer(proto: onnx.ModelProto, symbolic: bool) -> Optional[Dict[int, Tuple[i
             dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
         result[i] = (tt.elem_type, dims)
     return result
+
+
+def _reshape_rank(inferred: onnx.ModelProto, i: int) -> Optional[int]:
+    """Rank of output ``i`` when a Reshape produces it and its ``shape`` input has a known length.
+
+    ONNX's Reshape inference gives up when ``shape`` is computed; the rank is still the length of
+    ``shape`` (ONNX operator spec, Reshape: "the output tensor has the shape given by ``shape``").
+    """
+    name = inferred.graph.output[i].name
+    producer = next((n for n in inferred.graph.node if name in n.output), None)
+    if producer is None or producer.op_type != "Reshape" or producer.domain not in ("", "ai.onnx"):
+        return None
+    if len(producer.input) < 2:
+        return None
+    shape_name = producer.input[1]
+    for init in inferred.graph.initializer:
+        if init.name == shape_name:
+            return int(init.dims[0]) if len(init.dims) == 1 else None
+    for vi in inferred.graph.value_info:
+        if vi.name == shape_name and vi.type.tensor_type.HasField("shape"):
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) == 1 and dims[0].HasField("dim_value"):
+                return int(dims[0].dim_value)
+    return None
 
 
 def _dims(t: TensorType) -> Optional[tuple]:
