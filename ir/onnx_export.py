@@ -13,7 +13,7 @@ import onnx
 from passctl.ir._core import Attr, AttrType, Function, Graph, Model, Node, Value
 from passctl.ir._tensor import ExternalLocation, Tensor
 from passctl.ir._types import DataType, Shape, TensorType, type_to_proto
-from passctl.ir.onnx_import import PROVENANCE_KEY, default_provenance
+from passctl.ir.onnx_import import INITIALIZER_VALUE_INFO, PROVENANCE_KEY, default_provenance
 from passctl.ir.onnx_stream import write_initializers, write_raw
 
 logger = logging.getLogger(__name__)
@@ -184,11 +184,10 @@ class _Exporter:
         p.ir_version = m.ir_version
         for domain, version in m.opset_imports.items():
             p.opset_import.add(domain=domain, version=version)
-        p.producer_name = m.producer_name
-        p.producer_version = m.producer_version
-        p.domain = m.domain
-        p.model_version = m.model_version
-        p.doc_string = m.doc_string
+        for field in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
+            value = getattr(m, field)
+            if value:  # proto2 presence: leave defaults unset, as onnx.helper does
+                setattr(p, field, value)
         _meta(p.metadata_props, m.metadata_props)
         self.graph(m.graph, p.graph, main=True)
         for f in m.functions.values():
@@ -200,7 +199,10 @@ class _Exporter:
         return p
 
     def function(self, f: Function, p: onnx.FunctionProto) -> None:
-        p.name, p.domain, p.overload, p.doc_string = f.name, f.domain, f.overload, f.doc_string
+        p.name = f.name
+        for field in ("domain", "overload", "doc_string"):
+            if getattr(f, field):
+                setattr(p, field, getattr(f, field))
         g = f.graph
         p.input.extend(self.name(v) for v in g.inputs)
         p.output.extend(self.name(v) for v in g.outputs)
@@ -218,7 +220,8 @@ class _Exporter:
         _meta(p.metadata_props, f.metadata_props)
 
     def graph(self, g: Graph, p: onnx.GraphProto, main: bool = False) -> None:
-        p.name = g.name
+        if g.name:
+            p.name = g.name
         if g.doc_string:
             p.doc_string = g.doc_string
         for v in g.inputs:
@@ -238,12 +241,15 @@ class _Exporter:
                 if v not in skip and v.name and (v.type is not None or v.doc_string
                                                  or v.metadata_props):
                     self.value_info(v, p.value_info.add())
+        noted = {b.decode() for b in g.extra.get(INITIALIZER_VALUE_INFO, ())}
         for v in g.initializers.values():
-            if v not in skip and (v.doc_string or v.metadata_props or v.type != TensorType(
-                    v.const.dtype, Shape(v.const.dims))):
+            if v not in skip and (v.name in noted or v.doc_string or v.metadata_props
+                                  or v.type != TensorType(v.const.dtype, Shape(v.const.dims))):
                 self.value_info(v, p.value_info.add())
         _meta(p.metadata_props, g.metadata_props)
         for field, items in g.extra.items():
+            if field == INITIALIZER_VALUE_INFO:
+                continue
             target = getattr(p, field)
             for b in items:
                 target.add().ParseFromString(b)

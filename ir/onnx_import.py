@@ -18,6 +18,8 @@ from passctl.ir.onnx_reader import read_model_file
 logger = logging.getLogger(__name__)
 
 PROVENANCE_KEY = "passctl.provenance"
+# Graph.extra key: names (utf-8) of initializers that had a value_info entry in the source.
+INITIALIZER_VALUE_INFO = "passctl.initializer_value_info"
 # Raw initializer data at least this large is handed to the Tensor and cleared in the proto.
 _CLEAR_THRESHOLD = 1024
 
@@ -154,11 +156,16 @@ class _Importer:
             v.const = tensor
             g.add_initializer(v)
         self._nodes(g, gp.node, scope)
-        for vi in gp.output:
+        self._apply_value_info(scope, infos)
+        for vi in gp.output:  # an output's declared type wins over a value_info entry
             v = scope.lookup(vi.name)
             self._set_info(v, vi)
             g.outputs.append(v)
-        self._apply_value_info(scope, infos)
+        # Which initializers had a value_info entry (export repeats it only for those, or for
+        # initializers whose type says more than the tensor does).
+        noted = [name.encode() for name in infos if name in g.initializers]
+        if noted:
+            g.extra[INITIALIZER_VALUE_INFO] = noted
         for field in ("sparse_initializer", "quantization_annotation"):
             items = getattr(gp, field)
             if len(items):
@@ -269,7 +276,7 @@ class _Importer:
     def _apply_value_info(self, scope: _Scope, infos: Dict[str, onnx.ValueInfoProto]) -> None:
         for name, vi in infos.items():
             v = scope.names.get(name)
-            if v is None:
+            if v is None:  # stale entry; keeping it could clash with a value made later
                 logger.debug("value_info '%s' names no value of its graph; dropped", name)
                 continue
             if v.const is not None and v.graph is not None and name in v.graph.initializers:

@@ -1,0 +1,310 @@
+"""ONNX import -> export round trips: corpus models, every attribute kind, subgraphs, functions, dtypes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from passctl.ir import DataType, from_onnx, load, save, to_onnx
+from passctl.tools.check import run_onnxruntime
+
+from proto_diff import proto_diff
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def normalized(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy without what the IR deliberately does not keep apart.
+
+    - an empty ``type {}`` on a ValueInfo carries no information: dropped;
+    - ``value_info`` entries naming a graph input/output: the IR has one type per value, the
+      input/output declaration's;
+    - ``value_info`` entries naming no value of their graph (stale ones): dropped at import.
+    """
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+
+    def graph(g):
+        io = {v.name for v in g.input} | {v.name for v in g.output}
+        defined = {o for n in g.node for o in n.output} | {t.name for t in g.initializer}
+        keep = [vi for vi in g.value_info if vi.name not in io and vi.name in defined]
+        del g.value_info[:]
+        g.value_info.extend(keep)
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            if vi.HasField("type") and vi.type.ByteSize() == 0:
+                vi.ClearField("type")
+        for n in g.node:
+            for a in n.attribute:
+                if a.HasField("g"):
+                    graph(a.g)
+                for sub in a.graphs:
+                    graph(sub)
+
+    graph(m.graph)
+    return m
+
+
+def assert_same_proto(original: onnx.ModelProto, exported: onnx.ModelProto) -> None:
+    diff = proto_diff(normalized(original), normalized(exported))
+    assert not diff, "\n".join(diff)
+
+
+def assert_bit_identical(expected: dict, got: dict) -> None:
+    assert list(expected) == list(got)
+    for name, ref in expected.items():
+        out = got[name]
+        ref, out = np.asarray(ref), np.asarray(out)
+        assert ref.dtype == out.dtype and ref.shape == out.shape, name
+        nan_ok = ref.dtype.kind in "fc"
+        assert np.array_equal(ref, out, equal_nan=nan_ok), f"output '{name}' differs"
+
+
+def same_bytes(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    """Equal serialized protos (unlike ``==``, NaN attribute values compare equal)."""
+    return a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
+
+
+def checker_passes(path: str) -> bool:
+    try:
+        onnx.checker.check_model(path, full_check=True)
+        return True
+    except Exception:  # checker and shape-inference errors alike
+        return False
+
+
+# -- corpus -------------------------------------------------------------------------------------
+def test_corpus_round_trip(corpus_model, tmp_path):
+    """export(import(m)) keeps every proto field, passes the checker when m does, and runs
+    bit-identically in ONNX Runtime."""
+    src = corpus_model.path
+    model = load(src)
+    out = str(tmp_path / "model.onnx")
+    save(model, out)
+
+    original = onnx.load(src)  # external data loaded, as to_onnx embeds it
+    assert_same_proto(original, to_onnx(model))
+    # The streamed / external-data file parses to the same model as to_onnx.
+    assert_same_proto(original, onnx.load(out))
+
+    if checker_passes(src):
+        onnx.checker.check_model(out, full_check=True)
+    inputs = corpus_model.inputs(seed=0)
+    assert_bit_identical(run_onnxruntime(src, inputs), run_onnxruntime(out, inputs))
+
+
+# -- hand-built models --------------------------------------------------------------------------
+def _all_attribute_kinds_model() -> onnx.ModelProto:
+    tensor = helper.make_tensor("t", TensorProto.FLOAT, [2], [1.5, -2.0])
+    typed = helper.make_tensor("typed", TensorProto.INT32, [3], [1, 2, 3])  # int32_data field
+    sub = helper.make_graph([helper.make_node("Identity", ["x"], ["y"], name="inner")], "sub",
+                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    sparse = helper.make_sparse_tensor(
+        helper.make_tensor("values", TensorProto.FLOAT, [2], [1.0, 2.0]),
+        helper.make_tensor("indices", TensorProto.INT64, [2], [0, 3]), [4])
+    tp = helper.make_tensor_type_proto(TensorProto.FLOAT16, ["n", 3])
+    seq_tp = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.INT64, None))
+    node = helper.make_node(
+        "Everything", ["a", "", "b"], ["c", ""], name="every", domain="test.domain",
+        doc_string="node doc",
+        f=0.1, i=-7, s=b"text", s_bytes=b"\xff\xfe", t=tensor, g=sub, st=sparse,
+        floats=[0.1, float("nan"), -0.0], ints=[1, 2**40], strings=[b"a", b"\xff"],
+        tensors=[tensor, typed], graphs=[sub, sub], sparse_tensors=[sparse])
+    node.attribute.append(helper.make_attribute("tp", tp))
+    node.attribute.append(helper.make_attribute("tps", [tp, seq_tp]))
+    node.attribute.append(helper.make_attribute("empty_ints", [], attr_type=onnx.AttributeProto.INTS))
+    node.metadata_props.add(key="k", value="v")
+    graph = helper.make_graph(
+        [node], "everything",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 2]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [None, 2])],
+        doc_string="graph doc")
+    graph.metadata_props.add(key="graph_key", value="graph_value")
+    graph.input[0].doc_string = "input doc"
+    graph.input[0].metadata_props.add(key="value_key", value="value_value")
+    graph.sparse_initializer.append(sparse)
+    graph.quantization_annotation.add(tensor_name="a").quant_parameter_tensor_names.add(
+        key="SCALE_TENSOR", value="scale")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("test.domain", 3)],
+                              producer_name="test", producer_version="9", doc_string="model doc",
+                              domain="org.test", model_version=42)
+    model.metadata_props.add(key="model_key", value="model_value")
+    model.training_info.add().algorithm.node.add(op_type="Noop")
+    return model
+
+
+def test_every_attribute_kind_and_metadata_round_trip():
+    proto = _all_attribute_kinds_model()
+    model = from_onnx(proto)
+    node = model.graph.nodes[0]
+    assert node.inputs[1] is None and node.inputs[0] is model.graph.inputs[0]
+    assert node.attributes["s_bytes"].value == b"\xff\xfe" and node.attributes["s"].value == "text"
+    assert node.provenance == ("every",)
+    assert model.extra["training_info"] and model.graph.extra["sparse_initializer"]
+    exported = to_onnx(model)
+    # Everything, field by field, no normalization at all.
+    assert not proto_diff(proto, exported), proto_diff(proto, exported)
+    assert same_bytes(exported, proto)
+
+
+def _control_flow_model() -> onnx.ModelProto:
+    """If, Loop and Scan bodies that read outer-scope values ``w`` and ``x``."""
+    f = TensorProto.FLOAT
+    then_g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["then_out"])], "then", [],
+                               [helper.make_tensor_value_info("then_out", f, [2])])
+    else_g = helper.make_graph([helper.make_node("Sub", ["x", "w"], ["else_out"])], "else", [],
+                               [helper.make_tensor_value_info("else_out", f, [2])])
+    loop_body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Mul", ["acc_in", "w"], ["acc_out"])], "loop_body",
+        [helper.make_tensor_value_info("iter", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", f, [2])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", f, [2])])
+    scan_body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "row"], ["s_next"]),
+         helper.make_node("Mul", ["row", "w"], ["scan_out"])], "scan_body",
+        [helper.make_tensor_value_info("s_in", f, [2]), helper.make_tensor_value_info("row", f, [2])],
+        [helper.make_tensor_value_info("s_next", f, [2]),
+         helper.make_tensor_value_info("scan_out", f, [2])])
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["xs"], keepdims=0),
+        helper.make_node("Greater", ["xs", "zero"], ["cond"]),
+        helper.make_node("If", ["cond"], ["if_out"], name="if", then_branch=then_g,
+                         else_branch=else_g),
+        helper.make_node("Loop", ["trip", "", "x"], ["loop_out"], name="loop", body=loop_body),
+        helper.make_node("Scan", ["x", "rows"], ["scan_state", "scan_ys"], name="scan",
+                         body=scan_body, num_scan_inputs=1),
+        helper.make_node("Relu", ["scan_ys"], ["relu_out"]),  # nameless node
+    ]
+    graph = helper.make_graph(
+        nodes, "control_flow",
+        [helper.make_tensor_value_info("x", f, [2]), helper.make_tensor_value_info("rows", f, [3, 2])],
+        [helper.make_tensor_value_info(n, f, shape) for n, shape in
+         (("if_out", [2]), ("loop_out", [2]), ("scan_state", [2]), ("relu_out", [3, 2]))],
+        initializer=[helper.make_tensor("w", f, [2], [0.5, -2.0]),
+                     helper.make_tensor("zero", f, [], [0.0]),
+                     helper.make_tensor("trip", TensorProto.INT64, [], [3])])
+    graph.value_info.append(helper.make_tensor_value_info("xs", f, []))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_subgraphs_read_outer_values_and_run_identically():
+    proto = _control_flow_model()
+    onnx.checker.check_model(proto, full_check=True)
+    model = from_onnx(proto)
+    w = model.graph.initializers["w"]
+    x = model.graph.inputs[0]
+    by_name = {n.name: n for n in model.graph}
+    then_add = by_name["if"].attributes["then_branch"].value.nodes[0]
+    assert then_add.inputs[0] is x and then_add.inputs[1] is w  # the outer Value objects
+    loop = by_name["loop"]
+    assert loop.inputs[1] is None
+    assert loop.attributes["body"].value.nodes[1].inputs[1] is w
+    relu = model.graph.nodes[-1]
+    assert relu.provenance == ("Relu@5",)
+    assert model.graph.nodes[0].outputs[0].shape is not None  # value_info type on the Value
+
+    exported = to_onnx(model)
+    assert not proto_diff(proto, exported), proto_diff(proto, exported)
+    assert same_bytes(exported, proto)
+    onnx.checker.check_model(exported, full_check=True)
+    inputs = {"x": np.array([0.3, -1.2], np.float32),
+              "rows": np.random.default_rng(0).standard_normal((3, 2)).astype(np.float32)}
+    assert_bit_identical(run_onnxruntime(proto, inputs), run_onnxruntime(exported, inputs))
+
+
+def _function_model() -> onnx.ModelProto:
+    f = TensorProto.FLOAT
+    body = [helper.make_node("Constant", [], ["alpha_t"], value_float=1.0),
+            helper.make_node("LeakyRelu", ["X"], ["Y0"]),
+            helper.make_node("Mul", ["Y0", "alpha_t"], ["Y"])]
+    body[1].attribute.append(helper.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT))
+    fn = helper.make_function("local.fn", "ScaledLeaky", ["X"], ["Y"], body,
+                              [helper.make_opsetid("", 18)], attributes=[],
+                              doc_string="function doc")
+    fn.attribute_proto.append(helper.make_attribute("alpha", 0.25))
+    fn.value_info.append(helper.make_tensor_value_info("Y0", f, None))
+    fn.metadata_props.add(key="fn_key", value="fn_value")
+    call = helper.make_node("ScaledLeaky", ["x"], ["y"], name="call", domain="local.fn", alpha=0.1)
+    graph = helper.make_graph([call], "g", [helper.make_tensor_value_info("x", f, [4])],
+                              [helper.make_tensor_value_info("y", f, [4])])
+    return helper.make_model(graph, functions=[fn], opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid("local.fn", 1)])
+
+
+def test_model_local_function_round_trip():
+    proto = _function_model()
+    onnx.checker.check_model(proto, full_check=True)
+    model = from_onnx(proto)
+    fn = model.functions[("local.fn", "ScaledLeaky", "")]
+    leaky = fn.graph.nodes[1]
+    assert leaky.attributes["alpha"].ref_attr_name == "alpha"
+    assert fn.attribute_defaults[0].value == pytest.approx(0.25)
+    exported = to_onnx(model)
+    assert not proto_diff(proto, exported), proto_diff(proto, exported)
+    assert same_bytes(exported, proto)
+    x = {"x": np.array([-2.0, -0.5, 0.0, 3.0], np.float32)}
+    assert_bit_identical(run_onnxruntime(proto, x), run_onnxruntime(exported, x))
+
+
+@pytest.mark.parametrize("dtype", [DataType.INT4, DataType.UINT4, DataType.BFLOAT16,
+                                   DataType.FLOAT8E4M3FN, DataType.FLOAT8E5M2,
+                                   DataType.FLOAT8E4M3FNUZ, DataType.FLOAT4E2M1])
+@pytest.mark.parametrize("raw", [True, False])
+def test_narrow_dtype_initializers_bit_exact(dtype, raw, tmp_path):
+    rng = np.random.default_rng(int(dtype))
+    values = rng.uniform(-6, 6, size=7).astype(dtype.numpy())  # odd count: a half-filled byte
+    if raw:
+        tensor = onnx.numpy_helper.from_array(values, "w")
+        assert tensor.HasField("raw_data")
+    else:  # typed fields (int32_data), copied back unchanged
+        tensor = helper.make_tensor("w", int(dtype), [7], values, raw=False)
+    graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", int(dtype), [7])],
+                              initializer=[tensor])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model = from_onnx(proto)
+    got = model.graph.initializers["w"].const.numpy()
+    assert got.dtype == dtype.numpy()
+    assert np.array_equal(got.view(np.uint8) if got.itemsize == 1 else got.view(np.uint16),
+                          values.view(np.uint8) if values.itemsize == 1 else values.view(np.uint16))
+    assert same_bytes(to_onnx(model), proto), proto_diff(proto, to_onnx(model))
+    path = str(tmp_path / "m.onnx")
+    save(model, path)
+    assert onnx.load(path) == proto
+
+
+def test_provenance_metadata_is_read_back_and_written_only_when_it_differs():
+    proto = _control_flow_model()
+    proto.graph.node[0].metadata_props.add(key="passctl.provenance",
+                                           value=json.dumps(["a", "b"]))
+    model = from_onnx(proto)
+    first, relu = model.graph.nodes[0], model.graph.nodes[-1]
+    assert first.provenance == ("a", "b")
+    assert "passctl.provenance" not in first.metadata_props
+    exported = to_onnx(model)
+    assert json.loads(exported.graph.node[0].metadata_props[0].value) == ["a", "b"]
+    assert not exported.graph.node[-1].metadata_props  # ("Relu@5",) is the default
+    relu.provenance = ("conv1", "bn1")
+    relu.name = "fused"
+    meta = {p.key: p.value for p in to_onnx(model).graph.node[-1].metadata_props}
+    assert json.loads(meta["passctl.provenance"]) == ["conv1", "bn1"]
+
+
+def test_initializer_that_is_also_an_input_stays_both():
+    proto = _control_flow_model()
+    proto.ir_version = 3
+    proto.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [2]))
+    model = from_onnx(proto)
+    w = model.graph.initializers["w"]
+    assert w.is_graph_input() and w.is_initializer() and model.graph.inputs[-1] is w
+    assert same_bytes(to_onnx(model), proto), proto_diff(proto, to_onnx(model))
