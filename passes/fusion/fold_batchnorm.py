@@ -3,120 +3,158 @@
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional, Tuple
 
-from passctl.ir import Graph, Model, Node, Value
-from passctl.passes.base import Pass, PassResult
-from passctl.passes.common.constants import constant_array, is_standard_op
+from passctl.ir import Model
+from passctl.passes.base import PassResult
 from passctl.passes.fusion.bn_math import fold_bn_into_conv_weights
 from passctl.passes.registry import register_pass
+from passctl.passes.rewrite import AttrVar, MatchResult, RewriteRule, RuleContext, RuleSet, register_rule
 
 logger = logging.getLogger(__name__)
 
-_CONVS = ("Conv", "ConvTranspose")
+# Every attribute of Conv-22 / ConvTranspose-22 (ONNX spec), bound so the rewrite copies them as is.
+_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+_CONV_TRANSPOSE_ATTRS = _CONV_ATTRS + ("output_padding", "output_shape")
+
+
+def _attr_vars(names):
+    return {a: AttrVar(a) for a in names}
+
+
+def _bn(op, conv_out, scale, b, mean, var):
+    """The inference BatchNormalization pattern (one output, training_mode 0, spatial 1)."""
+    return op.BatchNormalization(conv_out, scale, b, mean, var,
+                                 epsilon=AttrVar("epsilon", default=1e-5),
+                                 training_mode=AttrVar("training_mode", lambda v: not v, 0),
+                                 spatial=AttrVar("spatial", lambda v: v in (None, 1)))
+
+
+class _FoldBnRule(RewriteRule):
+    """Shared check and rewrite of the four Conv/ConvTranspose (with or without bias) + BN rules.
+
+    Check: the convolution weight (floating point) and bias, and the BN's scale, B, mean and var are
+    constants whose channel counts agree. (The rewrite-rule engine already refuses a match whose
+    Conv output has another consumer or is a graph output.)
+
+    Rewrite: a new convolution with the same attributes reading NEW initializers
+    ``W' = W * s``, ``b' = (b - mean) * s + B``, ``s = scale / sqrt(var + epsilon)`` (each BN's own
+    epsilon; :func:`passctl.passes.fusion.bn_math.fold_bn_into_conv_weights`, group-aware for
+    ConvTranspose). The old weight is never changed, so another node using it keeps working.
+    """
+
+    transpose = False
+
+    def check(self, context: RuleContext, w, scale, b, mean, var, group=None, conv_b=None):
+        weight = context.constant(w)
+        if weight is None:
+            return MatchResult().fail(f"weight '{w.name}' of the convolution is not a constant "
+                                      "(run fold-constants first to lift Constant weights)")
+        if weight.dtype.kind != "f" and weight.dtype.name != "bfloat16":
+            return MatchResult().fail(f"weight '{w.name}' has non-float element type {weight.dtype}")
+        if conv_b is not None and context.constant(conv_b) is None:
+            return MatchResult().fail(f"bias '{conv_b.name}' of the convolution is not a constant")
+        for v in (scale, b, mean, var):
+            if context.constant(v) is None:
+                return MatchResult().fail(f"BatchNormalization parameter '{v.name}' is not a constant")
+        g = group or 1
+        c_out = weight.shape[1] * g if self.transpose else weight.shape[0]
+        params = [context.constant(v) for v in (scale, b, mean, var)]
+        if conv_b is not None:
+            params.append(context.constant(conv_b))
+        if weight.ndim < 3 or any(p.size != c_out for p in params):
+            return MatchResult().fail(f"channel counts disagree: the convolution has {c_out} output "
+                                      "channels")
+        return MatchResult()
+
+    def _fold(self, op, x, w, scale, b, mean, var, epsilon, conv_b, attrs):
+        const = RuleContext.constant
+        group = attrs.get("group") or 1
+        new_w, new_b = fold_bn_into_conv_weights(
+            const(w), None if conv_b is None else const(conv_b), const(scale), const(b), const(mean),
+            const(var), float(epsilon), transpose=self.transpose, group=group)
+        w2 = op.constant(new_w, f"{w.name}_bn")
+        b2 = op.constant(new_b, f"{w.name}_bn_bias")
+        return op.op("ConvTranspose" if self.transpose else "Conv", x, w2, b2, **attrs)
+
+
+@register_rule
+class FoldConvBn(_FoldBnRule):
+    name = "fold-conv-bn"
+    summary = "BatchNormalization(Conv(x, w)) -> Conv(x, w', b')"
+
+    def pattern(self, op, x, w, scale, b, mean, var):
+        return _bn(op, op.Conv(x, w, **_attr_vars(_CONV_ATTRS)), scale, b, mean, var)
+
+    def rewrite(self, op, x, w, scale, b, mean, var, epsilon, **attrs):
+        attrs = {k: attrs.get(k) for k in _CONV_ATTRS}
+        return self._fold(op, x, w, scale, b, mean, var, epsilon, None, attrs)
+
+
+@register_rule
+class FoldConvBiasBn(_FoldBnRule):
+    name = "fold-conv-bias-bn"
+    summary = "BatchNormalization(Conv(x, w, b)) -> Conv(x, w', b')"
+
+    def pattern(self, op, x, w, conv_b, scale, b, mean, var):
+        return _bn(op, op.Conv(x, w, conv_b, **_attr_vars(_CONV_ATTRS)), scale, b, mean, var)
+
+    def rewrite(self, op, x, w, conv_b, scale, b, mean, var, epsilon, **attrs):
+        attrs = {k: attrs.get(k) for k in _CONV_ATTRS}
+        return self._fold(op, x, w, scale, b, mean, var, epsilon, conv_b, attrs)
+
+
+@register_rule
+class FoldConvTransposeBn(_FoldBnRule):
+    name = "fold-conv-transpose-bn"
+    summary = "BatchNormalization(ConvTranspose(x, w)) -> ConvTranspose(x, w', b')"
+    transpose = True
+
+    def pattern(self, op, x, w, scale, b, mean, var):
+        conv = op.ConvTranspose(x, w, **_attr_vars(_CONV_TRANSPOSE_ATTRS))
+        return _bn(op, conv, scale, b, mean, var)
+
+    def rewrite(self, op, x, w, scale, b, mean, var, epsilon, **attrs):
+        attrs = {k: attrs.get(k) for k in _CONV_TRANSPOSE_ATTRS}
+        return self._fold(op, x, w, scale, b, mean, var, epsilon, None, attrs)
+
+
+@register_rule
+class FoldConvTransposeBiasBn(_FoldBnRule):
+    name = "fold-conv-transpose-bias-bn"
+    summary = "BatchNormalization(ConvTranspose(x, w, b)) -> ConvTranspose(x, w', b')"
+    transpose = True
+
+    def pattern(self, op, x, w, conv_b, scale, b, mean, var):
+        conv = op.ConvTranspose(x, w, conv_b, **_attr_vars(_CONV_TRANSPOSE_ATTRS))
+        return _bn(op, conv, scale, b, mean, var)
+
+    def rewrite(self, op, x, w, conv_b, scale, b, mean, var, epsilon, **attrs):
+        attrs = {k: attrs.get(k) for k in _CONV_TRANSPOSE_ATTRS}
+        return self._fold(op, x, w, scale, b, mean, var, epsilon, conv_b, attrs)
+
+
+_RULES = (FoldConvBn, FoldConvBiasBn, FoldConvTransposeBn, FoldConvTransposeBiasBn)
 
 
 @register_pass
-class FuseConvBatchNorm(Pass):
-    """Fold ``BatchNormalization`` into a preceding ``Conv`` or ``ConvTranspose``.
+class FuseConvBatchNorm(RuleSet):
+    """Fold ``BatchNormalization`` into a preceding ``Conv`` or ``ConvTranspose`` (a rule set).
 
-    Rules (the checks, in order; the first that fails leaves the pair alone):
-      1. The BatchNormalization is the inference form: ``training_mode`` 0, ``spatial`` 1 (old
-         opsets), and any outputs besides ``Y`` unused.
-      2. Its input is produced by a default-domain Conv / ConvTranspose of the same graph, whose
-         output has no other consumer and is no graph output.
-      3. The convolution weight and bias (if any) and the BN's scale, B, mean and var are
-         constants (initializers or Constant nodes; run fold-constants first to lift Constant
-         weights), with a floating-point weight and channel counts that agree.
-    Rewrite: a new convolution with the same attributes reads a NEW weight and bias initializer,
-    ``W' = W * s`` and ``b' = (b - mean) * s + B`` with ``s = scale / sqrt(var + epsilon)`` per
-    output channel, using each BN's own epsilon (math in
-    :func:`passctl.passes.fusion.bn_math.fold_bn_into_conv_weights`, group-aware for
-    ConvTranspose). The old weight is never changed, so another node that uses it keeps working;
-    dce removes it when nothing uses it any more. The BN's output name is kept when it is a graph
-    output; the new node's provenance is the union of the Conv's and the BN's.
+    Rules: ``fold-conv-bn``, ``fold-conv-bias-bn``, ``fold-conv-transpose-bn``,
+    ``fold-conv-transpose-bias-bn`` (see :class:`_FoldBnRule` for the check and the math). The
+    BN's output name is kept when it is a graph output; the new node's provenance is the union of
+    the Conv's and the BN's. ``passctl explain fold-conv-bn MODEL`` tells why a pair did not fold.
 
-    Statistics: ``fused`` (pairs folded).
+    Statistics: ``fused`` (pairs folded, all rules) and the count per rule name.
     """
 
     name = "fuse-conv-bn"
     summary = "Fold inference BatchNormalization into the preceding Conv or ConvTranspose"
 
+    def __init__(self, options=None, **kwargs):
+        super().__init__(_RULES, options, **kwargs)
+
     def run(self, model: Model) -> PassResult:
-        stats = {"fused": 0}
-        _fuse_graph(model.graph, stats)
-        return PassResult(stats["fused"] > 0, stats)
-
-
-def _fuse_graph(graph: Graph, stats: Dict[str, int]) -> None:
-    for node in graph:
-        for sub in node.subgraphs():
-            _fuse_graph(sub, stats)
-        if node.op_type != "BatchNormalization" or not is_standard_op(node):
-            continue
-        match, reason = match_conv_bn(node)
-        if match is None:
-            logger.debug("fuse-conv-bn: %r not folded: %s", node, reason)
-            continue
-        _rewrite(graph, node, *match)
-        stats["fused"] += 1
-
-
-def match_conv_bn(bn: Node) -> Tuple[Optional[tuple], str]:
-    """Check whether ``bn`` can be folded into its producer (never mutates).
-
-    Returns:
-        ``((conv, arrays), "")`` on success, where ``arrays`` holds the constant weight, bias (or
-        None), scale, B, mean and var; else ``(None, reason)`` saying which check failed.
-    """
-    if bn.attr("training_mode", 0):
-        return None, "BatchNormalization is in training mode"
-    if bn.attr("spatial", 1) != 1:
-        return None, "BatchNormalization has spatial=0 (per-activation statistics)"
-    if any(v.uses() or v.is_graph_output() for v in bn.outputs[1:]):
-        return None, "BatchNormalization's running mean/var outputs are used"
-    if len(bn.inputs) != 5 or any(v is None for v in bn.inputs):
-        return None, "BatchNormalization does not have its 5 inputs"
-    x = bn.inputs[0]
-    conv = x.producer
-    if conv is None or conv.op_type not in _CONVS or not is_standard_op(conv):
-        return None, "input is not produced by a Conv or ConvTranspose"
-    if conv.graph is not bn.graph:
-        return None, "the convolution is in another graph scope"
-    if len(x.uses()) != 1 or x.is_graph_output():
-        return None, f"{conv.op_type} output '{x.name}' has other consumers or is a graph output"
-    weight = constant_array(conv.inputs[1]) if len(conv.inputs) > 1 else None
-    if weight is None:
-        return None, f"{conv.op_type} weight is not a constant"
-    if weight.dtype.kind != "f" and weight.dtype.name != "bfloat16":
-        return None, f"{conv.op_type} weight has non-float element type {weight.dtype}"
-    bias = None
-    if len(conv.inputs) > 2 and conv.inputs[2] is not None:
-        bias = constant_array(conv.inputs[2])
-        if bias is None:
-            return None, f"{conv.op_type} bias is not a constant"
-    params = [constant_array(v) for v in bn.inputs[1:]]
-    if any(p is None for p in params):
-        return None, "BatchNormalization scale/B/mean/var are not all constants"
-    group = conv.attr("group", 1)
-    transpose = conv.op_type == "ConvTranspose"
-    c_out = weight.shape[1] * group if transpose else weight.shape[0]
-    if any(p.size != c_out for p in params) or (bias is not None and bias.size != c_out):
-        return None, f"channel counts disagree ({conv.op_type} has {c_out} output channels)"
-    return (conv, (weight, bias, *params)), ""
-
-
-def _rewrite(graph: Graph, bn: Node, conv: Node, arrays: tuple) -> None:
-    weight, bias, scale, b, mean, var = arrays
-    transpose = conv.op_type == "ConvTranspose"
-    new_w, new_b = fold_bn_into_conv_weights(weight, bias, scale, b, mean, var,
-                                             float(bn.attr("epsilon", 1e-5)),
-                                             transpose=transpose, group=conv.attr("group", 1))
-    w_value = graph.add_constant(new_w, name=f"{conv.inputs[1].name}_bn")
-    b_value = graph.add_constant(new_b, name=f"{bn.outputs[0].name}_bias")
-    y = bn.outputs[0]
-    out = Value(graph.fresh_name(f"{y.name}_fused"), type=y.type)
-    fused = Node(conv.domain, conv.op_type, [conv.inputs[0], w_value, b_value],
-                 attributes=list(conv.attributes.values()), outputs=[out],
-                 name=graph.fresh_name(conv.name or conv.op_type))
-    graph.replace_nodes([conv, bn], [fused], [y], [out])
+        result = super().run(model)
+        stats = {"fused": sum(result.stats.values()), **result.stats}
+        return PassResult(result.modified, stats)

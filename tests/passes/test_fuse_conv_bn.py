@@ -9,10 +9,11 @@ import pytest
 from helpers import apply, assert_same_outputs, op_types, parse
 
 from corpus import CORPUS
-from passctl.ir import load, to_onnx
+from passctl.ir import from_onnx, load, to_onnx
 from passctl.passes.common.fold_constants import FoldConstants
 from passctl.passes.fusion.bn_math import fold_bn_into_conv_weights
 from passctl.passes.fusion.fold_batchnorm import FuseConvBatchNorm
+from passctl.passes.rewrite import explain
 from passctl.tools.check import check_models
 
 
@@ -50,7 +51,7 @@ def test_epsilon_1e3_non_unit_statistics():
             y = BatchNormalization <epsilon = 0.001> (c, scale, beta, mean, var)
         }""", check=False), dict(w=w, b=b, scale=scale, beta=beta, mean=mean, var=var))
     model, result, out = apply(proto, FuseConvBatchNorm())
-    assert result.stats == {"fused": 1}
+    assert result.stats == {"fused": 1, "fold-conv-bias-bn": 1}
     assert op_types(out) == ["Conv"]
     assert out.graph.output[0].name == "y" and out.graph.node[0].output[0] == "y"
     # Independent expectation: y = (conv(x) + b - mean) * scale / sqrt(var + 1e-3) + beta.
@@ -77,7 +78,7 @@ def test_shared_weight_batchnorm_on_one_path_only():
             y2 = Conv (x, w)
         }""", check=False), dict(w=w, scale=scale, beta=beta, mean=mean, var=var))
     model, result, out = apply(proto, FuseConvBatchNorm())
-    assert result.stats == {"fused": 1}
+    assert result.stats == {"fused": 1, "fold-conv-bn": 1}
     assert "BatchNormalization" not in op_types(out)
     convs = {n.output[0]: n for n in out.graph.node}
     # The unfused path still reads the original weight, whose bytes are untouched.
@@ -106,7 +107,7 @@ def test_conv_transpose_group2_cin_ne_cout():
             y = BatchNormalization <epsilon = 0.001> (c, scale, beta, mean, var)
         }""", check=False), dict(w=w, b=b, scale=scale, beta=beta, mean=mean, var=var))
     model, result, out = apply(proto, FuseConvBatchNorm())
-    assert result.stats == {"fused": 1}
+    assert result.stats == {"fused": 1, "fold-conv-transpose-bias-bn": 1}
     new_w, new_b, conv = _conv_weight_and_bias(out)
     assert conv.op_type == "ConvTranspose"
     # Expected weights channel by channel: output channel o = g*(C_out/group) + j lives in
@@ -156,3 +157,19 @@ def test_ppocr_cls_all_35_pairs_folded():
     assert not any(n.op_type == "BatchNormalization" for n in model.graph)
     check = check_models(entry.path, to_onnx(model), inputs=entry.inputs(seed=0))
     assert check.ok(1e-5), str(check)
+
+
+def test_explain_says_why_a_pair_is_not_folded():
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(2, 2, 1, 1)).astype(np.float32)
+    _, beta, mean, var = _bn_params(rng, 2)
+    proto = _with_initializers(parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[1,2,4,4] x, float[2] s) => (float[1,2,4,4] y) {
+            c = Conv (x, w)
+            y = BatchNormalization (c, s, beta, mean, var)
+        }""", check=False), dict(w=w, beta=beta, mean=mean, var=var))
+    model = from_onnx(proto)
+    text = explain("fold-conv-bn", model)
+    assert "check failed: BatchNormalization parameter 's' is not a constant" in text
+    assert FuseConvBatchNorm()(model).stats == {"fused": 0}
