@@ -73,6 +73,7 @@ def cached_export(name: str, build: Callable[[Path], None], root: Optional[Path]
             temp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
             try:
                 build(temp / "model.onnx")
+                os.chmod(temp, 0o755)  # mkdtemp makes it private
                 os.rename(temp, final)
             except BaseException:
                 shutil.rmtree(temp, ignore_errors=True)

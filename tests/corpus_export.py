@@ -85,22 +85,15 @@ def export_minilm(model_dir: str, path: Path, dynamo: bool) -> None:
                 time.perf_counter() - start)
 
 
-def export_llama_shape(path: Path, num_hidden_layers: int = 32, seed: int = 0) -> None:
-    """Export a randomly initialized LLaMA-shape ``LlamaForCausalLM`` with the dynamo exporter.
+def build_llama_shape(num_hidden_layers: int = 32, seed: int = 0):
+    """The random LLaMA-shape ``LlamaForCausalLM`` (eval mode) that :func:`export_llama_shape` exports.
 
     Config: ``LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=32,
-    num_attention_heads=8, vocab_size=32000)``; every parameter gets Gaussian noise of std
-    :data:`NOISE_STD`. Inputs ``input_ids`` and ``attention_mask``: int64 ``[batch, sequence]`` (an
-    explicit mask avoids ``torch.diff``, see FACTS.md); output ``logits``: float32
-    ``[batch, sequence, 32000]``. Opset 18, weights as external data (``model.onnx.data``).
-
-    Args:
-        path: Where to write ``model.onnx``.
-        num_hidden_layers: Decoder layers (32 for the benchmark graph).
-        seed: ``torch.manual_seed`` for the weights and the noise.
+    num_attention_heads=8, vocab_size=32000)``; after ``torch.manual_seed(seed)`` and the default
+    initialization every parameter gets Gaussian noise of std :data:`NOISE_STD`, so the same arguments
+    give the same weights.
     """
     torch, transformers = _offline_torch()
-    start = time.perf_counter()
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(hidden_size=256, intermediate_size=688,
                                       num_hidden_layers=num_hidden_layers, num_attention_heads=8,
@@ -109,6 +102,24 @@ def export_llama_shape(path: Path, num_hidden_layers: int = 32, seed: int = 0) -
     with torch.no_grad():
         for parameter in llama.parameters():
             parameter.add_(torch.randn_like(parameter) * NOISE_STD)
+    return llama
+
+
+def export_llama_shape(path: Path, num_hidden_layers: int = 32, seed: int = 0) -> None:
+    """Export :func:`build_llama_shape`'s model with the dynamo exporter.
+
+    Inputs ``input_ids`` and ``attention_mask``: int64 ``[batch, sequence]`` (an explicit mask avoids
+    ``torch.diff``, see FACTS.md); output ``logits``: float32 ``[batch, sequence, 32000]``. Opset 18,
+    weights as external data (``model.onnx.data``).
+
+    Args:
+        path: Where to write ``model.onnx``.
+        num_hidden_layers: Decoder layers (32 for the benchmark graph).
+        seed: Seed of the weights and the noise.
+    """
+    torch, _ = _offline_torch()
+    start = time.perf_counter()
+    llama = build_llama_shape(num_hidden_layers, seed)
 
     class LlamaLogits(torch.nn.Module):
         """LlamaForCausalLM as a function of (input_ids, attention_mask) -> logits."""

@@ -75,3 +75,66 @@ def test_minilm_export_matches_torch(model_id):
         reference["pooler_output"] = expected.pooler_output.numpy()
     result = compare(reference, run_onnxruntime(path, inputs))
     assert result.ok(rtol=1e-4), result.failures(1e-4)
+
+
+def _build_slowly(counter: str, path) -> None:
+    """A stand-in export: counts its calls in ``counter`` and writes a model after a pause."""
+    import time
+
+    with open(counter, "a") as handle:
+        handle.write("built\n")
+    time.sleep(0.5)
+    onnx.save(onnx.helper.make_model(onnx.helper.make_graph([], "empty", [], [])), str(path))
+
+
+def _export_in_process(root: str, counter: str) -> str:
+    from corpus import cached_export
+
+    return cached_export("model", lambda path: _build_slowly(counter, path), root)
+
+
+def test_cached_export_builds_once_across_processes(tmp_path):
+    import concurrent.futures
+    import multiprocessing
+
+    counter = str(tmp_path / "count.txt")
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(3, mp_context=context) as pool:
+        paths = list(pool.map(_export_in_process, [str(tmp_path / "cache")] * 3, [counter] * 3))
+    assert paths == [str(tmp_path / "cache" / "model" / "model.onnx")] * 3
+    assert open(counter).read() == "built\n"
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["model", "model.lock"]
+
+
+def test_cached_export_failure_leaves_nothing(tmp_path):
+    from corpus import cached_export
+
+    def broken(path):
+        path.write_bytes(b"half a model")
+        raise RuntimeError("export failed")
+
+    with pytest.raises(RuntimeError, match="export failed"):
+        cached_export("model", broken, tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.lock"]
+
+
+@pytest.mark.slow
+def test_llama_shape_export_matches_torch(tmp_path):
+    """A 2-layer LLaMA-shape export computes what the torch model computes, with a padded row."""
+    import torch
+    from corpus import llama_shape_model
+    from corpus_export import build_llama_shape
+
+    path = llama_shape_model(str(tmp_path), num_hidden_layers=2)
+    model = onnx.load(path, load_external_data=False)
+    assert [value.name for value in model.graph.input] == ["input_ids", "attention_mask"]
+    assert model.graph.node and not [n for n in model.graph.node if n.op_type == "Identity"]
+    inputs = make_inputs(path, seed=2, dim_values={"batch": 2, "sequence": 9})
+    # Right padding: every query still sees key 0 (left padding leaves rows with no key, whose
+    # values are undefined and differ between torch and ONNX Runtime).
+    inputs["attention_mask"][0, 6:] = 0
+    with torch.no_grad():
+        expected = build_llama_shape(2).forward(
+            **{name: torch.from_numpy(array) for name, array in inputs.items()}).logits.numpy()
+    result = compare({"logits": expected}, run_onnxruntime(path, inputs))
+    assert result.ok(rtol=1e-4), result.failures(1e-4)
