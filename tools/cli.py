@@ -46,7 +46,11 @@ def _add_compile_args(p: argparse.ArgumentParser) -> None:
                    help="run the original and the result in ONNX Runtime on seeded inputs")
     p.add_argument("--seed", type=int, default=0, help="seed of the check's random inputs")
     p.add_argument("--rtol", type=float, default=1e-4,
-                   help="largest max-relative error the check accepts (default 1e-4)")
+                   help="largest relative error (max |a-b| / max |a|) the check accepts "
+                        "(default 1e-4)")
+    p.add_argument("--atol", type=float, default=2.4e-7,
+                   help="absolute error the check always accepts (default 2.4e-7: two float32 "
+                        "ulps at 1.0, the step of ONNX Runtime's Sigmoid near 0)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic input dimension for the check (repeatable)")
     p.add_argument("--inputs", metavar="FILE.npz",

@@ -11,6 +11,11 @@ import onnxruntime as ort
 from cli_helpers import sha256  # tests/cli/cli_helpers.py
 
 PIPELINE = "cleanup,fuse-conv-bn"
+RTOL = 1e-5
+# Absolute floor: two float32 ulps at 1.0. ONNX Runtime's Sigmoid returns values near 0 in steps of
+# 2**-23 (measured on ppocr_det, whose random-input probabilities are all < 1e-5: logits that agree
+# to 7.6e-7 relative give sigmoid outputs 0.0 vs 1.19e-7, a "relative" error of 1.4e-2).
+ATOL = 2 * float(np.finfo(np.float32).eps)
 CLS_SPEC = "rapidocr_onnxruntime:models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
 
 
@@ -53,8 +58,9 @@ def test_corpus_model_compiles_and_matches_original(corpus_model, cli, tmp_path)
         assert b.shape == a.shape and b.dtype == a.dtype, name
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         scale = max(float(np.max(np.abs(a64))), 1e-30) if a.size else 1.0
-        rel = float(np.max(np.abs(a64 - b64))) / scale if a.size else 0.0
-        assert rel <= 1e-5, f"{corpus_model.id} output {name}: relative error {rel:.3g}"
+        err = float(np.max(np.abs(a64 - b64))) if a.size else 0.0
+        assert err <= RTOL * scale + ATOL, (
+            f"{corpus_model.id} output {name}: max abs error {err:.3g}, relative {err / scale:.3g}")
 
     report = json.loads((out / "report.json").read_text())
     assert report["check"]["ok"] is True
@@ -79,10 +85,10 @@ def test_ppocr_cls_folds_all_35_batchnorms(cli, tmp_path):
     assert report["op_histogram"]["before"]["BatchNormalization"] == 35
     assert "BatchNormalization" not in report["op_histogram"]["after"]
     bn_pass = _folded(report)
-    assert bn_pass["modified"] is True and bn_pass["stats"]["folded"] == 35
+    assert bn_pass["modified"] is True and bn_pass["stats"]["fused"] == 35
     assert report["check"]["ok"] and float(report["check"]["max_rel"]) <= 1e-5
     # The terminal summary names the pass that fired, the node counts and the artifact.
-    assert "fuse-conv-bn" in r.out and "folded=35" in r.out
+    assert "fuse-conv-bn" in r.out and "fused=35" in r.out
     assert f"nodes: {report['nodes']['before']} -> {report['nodes']['after']}" in r.out
     assert str(out) in r.out.replace("\n", "")
 
@@ -98,5 +104,5 @@ def test_readme_command_as_subprocess(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["artifact"]["path"] == str(out)
     assert report["artifact"]["load_check"]["ok"] is True
-    assert _folded(report)["stats"]["folded"] == 35
+    assert _folded(report)["stats"]["fused"] == 35
     assert "check: max abs error" in proc.stdout
