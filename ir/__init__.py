@@ -6,6 +6,8 @@ from passctl.ir._core import (Attr, AttrType, Function, Graph, Model, Node, Valu
 from passctl.ir._tensor import ExternalLocation, Tensor
 from passctl.ir.onnx_export import save, to_onnx
 from passctl.ir.onnx_import import from_onnx, load
+from passctl.ir.equality import assert_structurally_equal, structural_diff
+from passctl.ir.parser import parse_file, parse_graph, parse_model
 from passctl.ir.printer import format_node, print_graph, print_model
 from passctl.ir._types import (DataType, MapType, OptionalType, SequenceType, Shape,
                                SparseTensorType, TensorType, Type)
@@ -13,6 +15,8 @@ from passctl.ir._types import (DataType, MapType, OptionalType, SequenceType, Sh
 __all__ = [
     "Attr", "AttrType", "Builder", "DataType", "ExternalLocation", "Function", "Graph", "MapType",
     "Model", "Node", "OptionalType", "SequenceType", "Shape", "SparseTensorType", "Tensor",
-    "TensorType", "Type", "Value", "format_node", "from_onnx", "implicit_inputs", "load", "print_graph", "print_model", "save", "to_onnx",
+    "TensorType", "Type", "Value", "assert_structurally_equal", "format_node", "from_onnx",
+    "implicit_inputs", "load", "parse_file", "parse_graph", "parse_model", "print_graph",
+    "print_model", "save", "structural_diff", "to_onnx",
     "union_provenance",
 ]

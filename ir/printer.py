@@ -373,15 +373,16 @@ class _Printer:
 
     # -- constants ------------------------------------------------------------------------------
     def tensor(self, t: Tensor, key) -> str:
-        """``dtype[dims] data`` plus ``name``/``doc``/``meta`` (attribute tensors keep a name)."""
+        """``dtype[dims] data [{name = ..., doc = ..., meta = {...}}]`` (initializers take the value's name)."""
         s = f"{t.dtype.short_name}[{','.join(str(d) for d in t.dims)}] {self.tensor_data(t, key)}"
+        props = []
         if t.name and (key is None or key[0] != "init"):
-            s += " name " + quote(t.name)
+            props.append("name = " + quote(t.name))
         if t.doc_string:
-            s += " doc " + quote(t.doc_string)
+            props.append("doc = " + quote(t.doc_string))
         if t.metadata_props:
-            s += " meta " + dict_text(t.metadata_props)
-        return s
+            props.append("meta = " + dict_text(t.metadata_props))
+        return s + (" {" + ", ".join(props) + "}" if props else "")
 
     def tensor_data(self, t: Tensor, key) -> str:
         if t.dtype == DataType.STRING or t.size <= self.inline_limit:
