@@ -341,26 +341,23 @@ def _attach_ir_lines(model: Optional[Model], graph: Graph, diags: Iterable[Diagn
     if not with_node:
         return
     line_map: Dict[Node, int] = {}
-    lines: List[str] = []
     fmt = None
     try:
         from passctl.ir import printer
 
         fmt = printer.format_node
         if model is not None:
-            text = printer.print_model(model, line_map=line_map)
+            printer.print_model(model, line_map=line_map)
         else:
-            text = printer.print_graph(graph, line_map=line_map)
-        lines = text.splitlines()
+            printer.print_graph(graph, line_map=line_map)
     except Exception as e:  # noqa: BLE001 - the printer is optional here; fall back to one line
         logger.debug("verifier: IR printer unavailable (%s); using one-line rendering", e)
     for d in with_node:
-        line = line_map.get(d.node)
-        if line is not None and 0 < line <= len(lines):
-            d.line, d.ir_line = line, lines[line - 1].strip()
-            continue
+        # The line is format_node's rendering (print_model may rename clashing values); the number
+        # is where print_model put the node.
+        d.line = line_map.get(d.node)
         try:
-            d.ir_line = fmt(d.node) if fmt is not None else format_node_fallback(d.node)
+            d.ir_line = fmt(d.node).strip() if fmt is not None else format_node_fallback(d.node)
         except Exception:  # noqa: BLE001 - a broken node must still get a diagnostic
             d.ir_line = format_node_fallback(d.node)
 
