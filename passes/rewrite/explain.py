@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional, Type, Union
 
 from passctl.ir import Graph, Model, Node
+from passctl.passes.rewrite.pattern import node_label
 from passctl.passes.rewrite.rule import APPLIED, BLOCKED, RewriteRule
 from passctl.passes.rewrite.tracer import MatchTracer
 
@@ -18,10 +19,7 @@ def _graphs(model: Model) -> List[Graph]:
 
 
 def _label(node: Optional[Node]) -> str:
-    if node is None:
-        return "?"
-    prov = f" (from {', '.join(node.provenance)})" if node.provenance and node.provenance != (node.name,) else ""
-    return (f"{node.op_type} '{node.name}'" if node.name else node.op_type) + prov
+    return "?" if node is None else node_label(node)
 
 
 def explain(rule: Union[str, RewriteRule, Type[RewriteRule]], model: Model, limit: int = 20) -> str:
@@ -71,7 +69,8 @@ def explain(rule: Union[str, RewriteRule, Type[RewriteRule]], model: Model, limi
             status = f"full pattern matched, {what}: {reason.removeprefix('check failed: ')}"
         else:
             status = f"matched {score} of {size} pattern ops; stopped: {reason}"
-        at = f" [at {_label(where)}]" if where is not None and where is not anchor else ""
+        at = (f" [at {_label(where)}]" if where is not None and where is not anchor
+              and _label(where) not in reason else "")
         lines.append(f"  at {_label(anchor)}: {status}{at}")
     if len(rows) > limit:
         lines.append(f"  ... {len(rows) - limit} more")

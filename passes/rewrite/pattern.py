@@ -290,9 +290,18 @@ class Matcher:
                 yield from self._inputs(want, ins, i + 1, m2, node)
 
 
-def _label(node: Node) -> str:
-    return f"{node.op_type} '{node.name}'" if node.name else node.op_type
+def node_label(node: Node) -> str:
+    """How reports name a node: ``Conv 'conv1'``, or ``Conv <from Conv@3>`` for a nameless node
+    (its provenance), or the bare op type."""
+    if node.name:
+        return f"{node.op_type} '{node.name}'"
+    if node.provenance:
+        return f"{node.op_type} <from {', '.join(node.provenance)}>"
+    return node.op_type
+
+
+_label = node_label
 
 
 __all__ = ["AttrVar", "COMMUTATIVE_OPS", "ConstantPattern", "Failure", "Match", "Matcher", "NodeOutput",
-           "NodePattern", "PatternBuilder", "ValuePattern", "constant_value"]
+           "NodePattern", "PatternBuilder", "ValuePattern", "constant_value", "node_label"]

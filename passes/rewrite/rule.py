@@ -13,7 +13,7 @@ from passctl.ir import Builder, Graph, Model, Node, Value
 from passctl.ir.errors import UserError
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.rewrite.pattern import (Match, Matcher, NodeOutput, NodePattern, PatternBuilder,
-                                            ValuePattern, constant_value)
+                                            ValuePattern, constant_value, node_label)
 
 logger = logging.getLogger(__name__)
 
@@ -237,12 +237,11 @@ def _extra_consumer(matched: List[Node], root: Node) -> Optional[Tuple[str, Node
             continue
         for v in n.outputs:
             if v.is_graph_output():
-                return (f"intermediate value '{v.name}' of {n.op_type} '{n.name}' is a graph output",
-                        n)
+                return f"intermediate value '{v.name}' of {node_label(n)} is a graph output", n
             for user in v.consumers():
                 if user not in inside:
-                    return (f"intermediate value '{v.name}' of {n.op_type} '{n.name}' has another "
-                            f"consumer outside the match: {user.op_type} '{user.name}'", user)
+                    return (f"intermediate value '{v.name}' of {node_label(n)} has another "
+                            f"consumer outside the match: {node_label(user)}", user)
     return None
 
 
