@@ -1,17 +1,13 @@
-"""Rewrite rules (pattern + check + rewrite, as the onnxscript rewriter), rule sets run as one pass."""
+"""Rewrite rules: pattern + check (never mutates, says why) + rewrite, as the onnxscript rewriter."""
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import inspect
 import logging
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
 
 from passctl.ir import Builder, Graph, Model, Node, Value
-from passctl.ir.errors import UserError
-from passctl.passes.base import Pass, PassResult
 from passctl.passes.rewrite.pattern import (Match, Matcher, NodeOutput, NodePattern, PatternBuilder,
                                             ValuePattern, constant_value, node_label)
 
