@@ -13,18 +13,17 @@ from passctl.tools.model_source import load_model
 logger = logging.getLogger(__name__)
 
 
-def load_plugins(files: Sequence[str]) -> List[str]:
-    """Import each ``--load`` file; return the pass names they registered.
+def load_plugins(files: Sequence[str]) -> List[dict]:
+    """Import each ``--load`` file; return ``[{"file": absolute path, "passes": [names]}]``.
 
     Raises:
         UserError: a file is missing or raises while being imported.
     """
+    import os
+
     from passctl.passes.registry import load_plugin_file
 
-    names: List[str] = []
-    for path in files:
-        names.extend(load_plugin_file(path))
-    return names
+    return [{"file": os.path.abspath(path), "passes": load_plugin_file(path)} for path in files]
 
 
 def show(model_spec: str, weights: Optional[str] = None) -> None:
