@@ -17,6 +17,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _BARE_VALUE = re.compile(r"[A-Za-z0-9_./\-]+")
 _NUMBER = re.compile(r"-?(?:[0-9]+\.[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?"
                      r"|[0-9]+[eE][+-]?[0-9]+|[0-9]+|inf\b)")
+_PLAIN = re.compile(r'[^"\\\n]*')
 _SIMPLE_ESCAPES = {"\\": 0x5C, '"': 0x22, "n": 0x0A, "t": 0x09, "r": 0x0D}
 
 
@@ -109,6 +110,10 @@ def _string(text: str, i: int, filename: str, line: int, col: int):
     j = i + 1
     n = len(text)
     while True:
+        m = _PLAIN.match(text, j)  # fast path: a run without escapes or the closing quote
+        if m.end() > j:
+            out += m.group().encode("utf-8", "surrogatepass")
+            j = m.end()
         if j >= n or text[j] == "\n":
             raise ParseError("unterminated string (a string must end with '\"' on its line)",
                              filename, line, col)

@@ -52,6 +52,7 @@ def load(path: str) -> Model:
     except ValueError as e:  # external-data checks of Tensor.from_proto
         raise ModelLoadError(f"{path}: {e}") from None
     model.base_dir = base_dir
+    model.source_path = os.path.abspath(path)  # lets the IR text form refer to unchanged weights
     return model
 
 
