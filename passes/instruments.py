@@ -44,6 +44,20 @@ def _print_model(model: Model) -> str:
     return print_model(model)
 
 
+def _write_pir(model: Model, path: Path) -> None:
+    """Write the IR text to ``path``; constants too large to inline that the source model file does
+    not hold unchanged go to ``<path stem>.weights`` beside it (not kept when empty)."""
+    from passctl.ir.printer import print_model
+
+    weights = path.with_suffix(".weights")
+    text = print_model(model, weights_path=str(weights))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    if weights.exists() and weights.stat().st_size == 0:
+        weights.unlink()
+
+
 def _save_onnx(model: Model, path: Path) -> None:
     from passctl.ir.onnx_export import save
 
@@ -137,7 +151,8 @@ class DumpIR:
     """Writes ``000_input.{pir,onnx}`` and, after every pass, ``NNN_<pass>.pir`` and ``NNN_<pass>.onnx``.
 
     ``NNN`` is the execution index (3 digits). The ``.onnx`` files open in Netron and run in ONNX
-    Runtime; the ``.pir`` files are :func:`passctl.ir.printer.print_model` text.
+    Runtime; the ``.pir`` files are :func:`passctl.ir.printer.print_model` text, with large
+    constants that the source model does not hold unchanged in ``NNN_<pass>.weights``.
 
     Args:
         directory: created if missing; existing files of the same names are overwritten.
@@ -152,8 +167,10 @@ class DumpIR:
     def _dump(self, stem: str, model: Model) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         pir = self.directory / f"{stem}.pir"
-        pir.write_text(_print_model(model))
+        _write_pir(model, pir)
         self.written.append(pir)
+        if pir.with_suffix(".weights").exists():
+            self.written.append(pir.with_suffix(".weights"))
         if self.onnx:
             path = self.directory / f"{stem}.onnx"
             _save_onnx(model, path)
@@ -169,8 +186,8 @@ class DumpIR:
 class CrashReproducer:
     """When a pass raises, writes a folder that re-runs that pass on the IR it got.
 
-    The folder (``<directory>/<NNN>_<pass>``) holds ``input.onnx`` and ``input.pir`` (the IR before
-    the failing pass), ``pipeline.txt`` (that pass with its options), ``plugins/`` (copies of
+    The folder (``<directory>/<NNN>_<pass>``) holds ``input.onnx`` and ``input.pir`` (+
+    ``input.weights`` when it has large new constants; the IR before the failing pass), ``pipeline.txt`` (that pass with its options), ``plugins/`` (copies of
     ``--load`` files defining it), ``error.txt`` and ``reproduce.sh``, which runs
     ``passctl input.onnx --pipeline <pass> --target <target> --verify-each [--load plugins/F.py] -o OUT``.
     Its path is stored in ``failure.reproducer``.
@@ -209,7 +226,7 @@ class CrashReproducer:
                 shutil.copy2(plugin, tmp / "plugins" / plugin.name)
                 args += ["--load", f"plugins/{plugin.name}"]
             for fname, write in (("input.onnx", lambda p: _save_onnx(snapshot, p)),
-                                 ("input.pir", lambda p: p.write_text(_print_model(snapshot)))):
+                                 ("input.pir", lambda p: _write_pir(snapshot, p))):
                 try:
                     write(tmp / fname)
                 except Exception as e:  # keep the rest of the reproducer; say what is missing

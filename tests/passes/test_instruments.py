@@ -194,3 +194,24 @@ def test_crash_reproducer_folder_and_its_command(tmp_path):
     assert "pass 'raise-on-relu' failed" in run.stdout + run.stderr
     assert "cannot handle Relu" in run.stdout + run.stderr
     assert not (tmp_path / "rerun" / "out").exists()
+
+
+def test_dump_ir_text_parses_back_with_its_weights_file(tmp_path):
+    from passctl.ir import to_onnx
+    from passctl.ir.parser import parse_file
+
+    # fold-constants turns Mul(c, c) into a new 64-element constant the source file does not hold.
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[8,8] x) => (float[8,8] y) {
+            c = Constant <value = float[8,8] {""" + ",".join(str(i / 7) for i in range(64)) + """}> ()
+            s = Mul (c, c)
+            y = Add (x, s)
+        }""")
+    dump = DumpIR(tmp_path)
+    PassManager(build_pipeline("fold-constants"), instruments=[dump]).run(from_onnx(proto))
+    assert (tmp_path / "001_fold-constants.weights").stat().st_size >= 64 * 4  # the folded constant
+    reparsed = to_onnx(parse_file(str(tmp_path / "001_fold-constants.pir")))
+    x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+    c = (np.arange(64, dtype=np.float32) / 7).reshape(8, 8)
+    np.testing.assert_allclose(run_onnxruntime(reparsed, {"x": x})["y"], x + c * c, rtol=1e-6)
