@@ -1,10 +1,20 @@
-"""passctl passes: the Pass API, the registry, pipelines and the pass manager."""
+"""passctl passes: the Pass API, the registry, pipeline text and the pass manager.
 
-from passctl.passes.base import Pass, PassResult
+The built-in passes (``passes/common``, ``passes/fusion``) register themselves when the registry
+first looks a name up (see ``registry._builtin_modules``), so importing this package stays cheap.
+"""
+
+from passctl.passes.base import Pass, PassResult, PostconditionError, PreconditionError
+from passctl.passes.manager import (FixpointGroup, ManagerResult, PassFailure, PassManager, PassRecord,
+                                    VerifyError)
+from passctl.passes.pipeline_text import (PassSpec, PipelineSyntaxError, build_pipeline, format_pipeline,
+                                          parse_pipeline)
 from passctl.passes.registry import (UnknownPassError, expand_alias, expand_names, get_pass, is_alias,
                                      list_aliases, list_passes, load_plugin_file, register_pass)
 
 __all__ = [
-    "Pass", "PassResult", "UnknownPassError", "expand_alias", "expand_names", "get_pass", "is_alias",
-    "list_aliases", "list_passes", "load_plugin_file", "register_pass",
+    "FixpointGroup", "ManagerResult", "Pass", "PassFailure", "PassManager", "PassRecord", "PassResult",
+    "PassSpec", "PipelineSyntaxError", "PostconditionError", "PreconditionError", "UnknownPassError",
+    "VerifyError", "build_pipeline", "expand_alias", "expand_names", "format_pipeline", "get_pass",
+    "is_alias", "list_aliases", "list_passes", "load_plugin_file", "parse_pipeline", "register_pass",
 ]

@@ -90,9 +90,14 @@ def unregister_pass(name: str) -> None:
 def _ensure_loaded() -> None:
     global _builtins_loaded, _entry_points_loaded
     if not _builtins_loaded:
+        # Set first: a built-in module may look passes up while it is being imported.
         _builtins_loaded = True
-        for module in _builtin_modules:
-            importlib.import_module(module)
+        try:
+            for module in _builtin_modules:
+                importlib.import_module(module)
+        except BaseException:
+            _builtins_loaded = False
+            raise
     if not _entry_points_loaded:
         _entry_points_loaded = True
         load_entry_points()
