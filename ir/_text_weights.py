@@ -62,8 +62,9 @@ class WeightsFile:
 
 class SourceIndex:
     """The tensors of the ONNX file a model was imported from, loaded once on first use
-    (``onnx.load(load_external_data=False)``), keyed ``("init", name)`` for initializers and
-    ``("node", node name, attribute name)`` for tensor attributes (e.g. Constant values)."""
+    (``onnx.load(load_external_data=False)``), keyed ``("init", name)`` for initializers, and
+    ``("tensor", tensor name)`` and ``("node", node name, attribute name)`` for tensor attributes
+    (e.g. Constant values). Keys that name two different tensors are dropped."""
 
     _cache: Dict[Tuple[str, float], "SourceIndex"] = {}
 
@@ -85,7 +86,7 @@ class SourceIndex:
         key = (os.path.realpath(path), os.path.getmtime(path))
         idx = cls._cache.get(key)
         if idx is None:
-            if len(cls._cache) > 8:
+            if len(cls._cache) >= 4:
                 cls._cache.clear()
             idx = cls._cache[key] = cls(path)
         return idx
@@ -93,39 +94,43 @@ class SourceIndex:
     def tensors(self) -> Dict[tuple, onnx.TensorProto]:
         if self._tensors is None:
             proto = onnx.load(self.path, load_external_data=False)
-            self._tensors = {}
-            self._index(proto.graph)
+            found: Dict[tuple, list] = {}
+            self._index(proto.graph, found)
+            # A key that names two tensors (e.g. the same tensor name in two If branches) is unusable.
+            self._tensors = {k: v[0] for k, v in found.items() if len(v) == 1}
         return self._tensors
 
-    def _index(self, g: onnx.GraphProto) -> None:
+    def _index(self, g: onnx.GraphProto, found: Dict[tuple, list]) -> None:
         for tp in g.initializer:
             if tp.data_location != onnx.TensorProto.EXTERNAL:
-                self._tensors.setdefault(("init", tp.name), tp)
+                found.setdefault(("init", tp.name), []).append(tp)
         for n in g.node:
             for a in n.attribute:
-                if a.type == onnx.AttributeProto.TENSOR and n.name and \
+                if a.type == onnx.AttributeProto.TENSOR and \
                         a.t.data_location != onnx.TensorProto.EXTERNAL:
-                    self._tensors.setdefault(("node", n.name, a.name), a.t)
+                    if a.t.name:
+                        found.setdefault(("tensor", a.t.name), []).append(a.t)
+                    if n.name:
+                        found.setdefault(("node", n.name, a.name), []).append(a.t)
                 for sub in list(a.graphs) + ([a.g] if a.HasField("g") else []):
-                    self._index(sub)
+                    self._index(sub, found)
 
-    def find(self, t: Tensor, key: tuple) -> Optional[tuple]:
-        """The key under which the source holds exactly ``t`` (same type, shape and bytes), or None.
+    def find(self, t: Tensor, keys) -> Optional[tuple]:
+        """The first of ``keys`` under which the source holds exactly ``t`` (same type, shape and
+        bytes), or None.
 
-        ``key`` is ``("init", value name)`` or ``("node", node name, attribute name, list index)``.
+        Keys are ``("init", initializer name)``, ``("tensor", tensor name)`` (a tensor attribute,
+        e.g. a Constant's value) and ``("node", node name, attribute name)``.
         """
         if t.dtype == DataType.STRING:
             return None
-        key = key[:3] if key[0] == "node" and key[3] is None else key
-        if key[0] == "node" and len(key) == 4:
-            return None  # tensors in list attributes are not referenced
-        tp = self.tensors().get(key)
-        if tp is None or tp.data_type != int(t.dtype) or tuple(tp.dims) != tuple(t.dims):
-            return None
-        src = Tensor.from_proto(tp)
-        if bytes(src.raw_view()) != bytes(t.raw_view()):
-            return None
-        return key
+        for key in keys:
+            tp = self.tensors().get(key)
+            if tp is None or tp.data_type != int(t.dtype) or tuple(tp.dims) != tuple(t.dims):
+                continue
+            if bytes(Tensor.from_proto(tp).raw_view()) == bytes(t.raw_view()):
+                return key
+        return None
 
     def tensor(self, key: tuple) -> Optional[Tensor]:
         """The source tensor under ``key`` as a :class:`Tensor`, or None."""

@@ -632,6 +632,8 @@ class _Parser:
             key = ("node", self.text("the node name"))
             self.expect(",")
             key += (self.text("the attribute name"),)
+        elif self.accept_word("tensor"):
+            key = ("tensor", self.text("the tensor name"))
         else:
             key = ("init", self.text("the initializer name"))
         self.expect(")")

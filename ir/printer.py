@@ -395,9 +395,10 @@ class _Printer:
             length = ext.length if ext.length is not None else t.nbytes
             return f"@raw({quote(self.path(ext.path))}, {ext.offset}, {length})"
         if self.source is not None and key is not None:
-            ref = self.source.find(t, key)
+            ref = self.source.find(t, _source_keys(t, key))
             if ref is not None:
-                where = quote(ref[1]) if ref[0] == "init" else f"node {quote(ref[1])}, {quote(ref[2])}"
+                where = {"init": lambda: quote(ref[1]), "tensor": lambda: f"tensor {quote(ref[1])}",
+                         "node": lambda: f"node {quote(ref[1])}, {quote(ref[2])}"}[ref[0]]()
                 return f"@onnx({quote(self.path(self.source.path))}, {where})"
         if self.weights is not None:
             offset, length = self.weights.add(t)
@@ -415,6 +416,17 @@ class _Printer:
         if self.text_dir is not None:
             path = os.path.relpath(path, self.text_dir)
         return path.replace(os.sep, "/")
+
+
+def _source_keys(t: Tensor, key: tuple) -> list:
+    """Keys a tensor may have in the source file: ``key`` is ``("init", value name)`` or
+    ``("node", node name, attribute name, list index or None)``."""
+    if key[0] == "init":
+        return [key]
+    if key[3] is not None:
+        return []  # tensors inside list attributes are not referenced
+    keys = [("tensor", t.name)] if t.name else []
+    return keys + ([key[:3]] if key[1] else [])
 
 
 def _extra_text(extra: Dict[str, List[bytes]]) -> str:
