@@ -34,7 +34,9 @@ class FoldConstants(Pass):
       2. A default-domain node whose inputs are all constants (initializers that are not graph
          inputs, or Constant outputs) is evaluated with ``onnx.reference.ReferenceEvaluator`` on a
          one-node model, and its used outputs become initializers under the same names.
-      3. ``Shape`` / ``Size`` of a value whose shape is fully static is computed from the type.
+      3. ``Shape`` / ``Size`` of a value whose shape is fully static is computed from the type;
+         (3b) a ``Slice`` / ``Gather`` of a ``Shape`` output that picks only static dims of a
+         partly dynamic shape (``x.shape[-1]`` of a ``[batch, seq, 8, 32]`` value) is folded too.
       4. Never folded: nodes with subgraphs, random ops (RandomNormal, Dropout, ...), custom-domain
          ops and model-local function calls, ``DequantizeLinear`` (unless ``fold_dequantize``), and
          results larger than ``size_limit`` bytes (counted in ``too_large``).
@@ -115,6 +117,10 @@ class FoldConstants(Pass):
             arr = _static_shape_op(node)
             if arr is not None:
                 return [arr]
+        if node.op_type in ("Slice", "Gather"):
+            arr = self._static_part_of_shape(node)
+            if arr is not None:
+                return [arr]
         inputs = [None if v is None else constant_tensor(v) for v in node.inputs]
         if any(v is not None and t is None for v, t in zip(node.inputs, inputs)):
             return None
@@ -143,6 +149,34 @@ class FoldConstants(Pass):
                 self._stats["failed"] += 1
                 return None
         return arrays
+
+    def _static_part_of_shape(self, node: Node) -> Optional[np.ndarray]:
+        """Slice / Gather of a ``Shape`` output that selects only static dims (rule 3b).
+
+        The selected positions are found by evaluating the node on ``arange(rank)`` in place of
+        the shape vector (same indices, starts, ends...), so every Slice / Gather form is covered.
+        """
+        data = node.inputs[0]
+        shape_node = data.producer if data is not None else None
+        if shape_node is None or shape_node.op_type != "Shape" or not is_pure(shape_node):
+            return None
+        src = shape_node.inputs[0]
+        if src is None or src.shape is None:
+            return None
+        dims = _shape_slice(shape_node, list(src.shape.dims))
+        rest = [None if v is None else constant_tensor(v) for v in node.inputs[1:]]
+        if any(v is not None and t is None for v, t in zip(node.inputs[1:], rest)):
+            return None
+        positions = Tensor(np.arange(len(dims), dtype=np.int64))
+        try:
+            (picked,) = _run_reference(node, [positions] + rest, self._model.opset_imports)
+        except Exception as e:  # an unsupported form: simply not folded
+            logger.debug("fold-constants: cannot evaluate %r on positions: %s", node, e)
+            return None
+        selected = [dims[int(i)] for i in picked.reshape(-1)]
+        if not all(isinstance(d, int) for d in selected):
+            return None
+        return np.array(selected, dtype=np.int64).reshape(picked.shape)
 
     def _over_limit_by_type(self, node: Node) -> bool:
         total = 0
@@ -182,12 +216,17 @@ def _static_shape_op(node: Node) -> Optional[np.ndarray]:
     dims = list(shape.dims)
     if node.op_type == "Size":
         return np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+    return np.array(_shape_slice(node, dims), dtype=np.int64)
+
+
+def _shape_slice(shape_node: Node, dims: list) -> list:
+    """The dims a ``Shape`` node returns: ``dims[start:end]`` (Shape-15 spec, clamped)."""
     rank = len(dims)
-    start = node.attr("start", 0)
-    end = node.attr("end", rank)
+    start = shape_node.attr("start", 0)
+    end = shape_node.attr("end", rank)
     start = min(max(start + rank if start < 0 else start, 0), rank)
     end = min(max(end + rank if end < 0 else end, 0), rank)
-    return np.array(dims[start:end], dtype=np.int64)
+    return dims[start:end]
 
 
 def _run_reference(node: Node, inputs: Sequence[Optional[Tensor]],

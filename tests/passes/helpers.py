@@ -9,6 +9,7 @@ import onnx
 import onnx.parser
 
 from passctl.ir import Model, from_onnx, to_onnx
+from passctl.ir.verifier import verify
 from passctl.passes.base import Pass, PassResult
 from passctl.tools.check import compare, run_onnxruntime
 from passctl.tools.inputs import make_inputs
@@ -23,12 +24,23 @@ def parse(text: str, check: bool = True) -> onnx.ModelProto:
 
 
 def apply(proto: onnx.ModelProto, p: Pass) -> Tuple[Model, PassResult, onnx.ModelProto]:
-    """Import ``proto``, run pass ``p`` on it, export; returns (IR model, result, exported proto)."""
+    """Import ``proto``, run pass ``p`` on it, export; returns (IR model, result, exported proto).
+
+    The IR is verified (``passctl.ir.verifier.verify``) before and after the pass, and the export
+    must pass ``onnx.checker``."""
     model = from_onnx(proto)
+    assert_verifies(model)
     result = p(model)
+    assert_verifies(model)
     out = to_onnx(model)
     onnx.checker.check_model(out)
     return model, result, out
+
+
+def assert_verifies(model: Model) -> None:
+    """The IR verifier finds no error in ``model``."""
+    errors = [d for d in verify(model, check_output_types=False) if d.severity == "error"]
+    assert not errors, "\n".join(str(d) for d in errors)
 
 
 def assert_same_outputs(original: onnx.ModelProto, candidate: onnx.ModelProto, seed: int = 0,

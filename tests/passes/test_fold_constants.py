@@ -115,3 +115,34 @@ def test_ppocr_det_weights_lifted():
     assert not any(n.op_type == "Constant" for n in model.graph)
     check = check_models(entry.path, to_onnx(model), inputs=entry.inputs(seed=0))
     assert check.ok(1e-5), str(check)
+
+
+def test_static_part_of_dynamic_shape_folded():
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N,S,8,32] x) => (float[N,S,256] y) {
+            s = Shape (x)
+            head = Constant <value = int64[2] {2, 3}> ()
+            hd = Gather <axis = 0> (s, head)
+            last = Slice (s, m1, big)
+            seq = Slice (s, zero, two)
+            p = ReduceProd <keepdims = 1> (hd)
+            t = Concat <axis = 0> (seq, p)
+            y = Reshape (x, t)
+            unused = Identity (last)
+        }""", check=False)
+    for name, v in (("m1", [-1]), ("big", [2**63 - 1]), ("zero", [0]), ("two", [2])):
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(np.array(v, np.int64), name))
+    _, result, out = apply(proto, FoldConstants())
+    # Gather picks dims 2, 3 (8, 32) and Slice [-1:] picks 32: both static; Slice [0:2] is
+    # [N, S] (dynamic) and stays. ReduceProd then folds to 256, and the unused Identity of a
+    # constant is folded away (its output has no consumer, so no initializer is made).
+    inits = _inits(out)
+    np.testing.assert_array_equal(inits["hd"], [8, 32])
+    np.testing.assert_array_equal(inits["last"], [32])
+    np.testing.assert_array_equal(inits["p"], [256])
+    assert "unused" not in inits
+    assert result.stats["folded"] == 4
+    assert op_types(out) == ["Shape", "Slice", "Concat", "Reshape"]
+    x = np.random.default_rng(0).normal(size=(2, 5, 8, 32)).astype(np.float32)
+    assert_same_outputs(proto, out, inputs={"x": x})
