@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print a model as IR text (parses back)")
     show.add_argument("model")
     show.add_argument("--weights", metavar="FILE",
-                      help="write large weights to FILE (default: reference the source model)")
+                      help="write large weights to FILE and reference them relative to its "
+                           "folder (default: reference the source model by absolute path)")
     verify = sub.add_parser("verify", help="run the IR verifier and print its diagnostics")
     verify.add_argument("model")
     explain = sub.add_parser("explain", help="show why a rewrite rule matches or not in a model")

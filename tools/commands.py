@@ -35,30 +35,29 @@ def show(model_spec: str, weights: Optional[str] = None) -> None:
     from passctl.ir.printer import print_model
 
     model, _ = load_model(model_spec)
-    text = print_model(model, weights=weights)
+    text = print_model(model, weights_path=weights)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
 
 
 def verify(model_spec: str, console) -> int:
-    """Print the verifier's diagnostics; return 0 when there is no error, else 2."""
+    """Print the verifier's diagnostics (each with its IR line underlined); return 0.
+
+    Raises:
+        UserError: the model has at least one error-severity diagnostic (CLI exit 2).
+    """
     from passctl.ir.verifier import verify as run_verifier
 
     model, path = load_model(model_spec)
     diagnostics = run_verifier(model)
-    errors = 0
     for d in diagnostics:
-        severity = str(getattr(d.severity, "name", d.severity)).lower()
-        errors += severity == "error"
-        node = f" {d.node.qualified_op} '{d.node.name}'" if getattr(d, "node", None) else ""
-        console.print(f"{path}: {severity}: [{d.kind}]{node}: {d.message}", markup=False,
-                      highlight=False)
-        if getattr(d, "ir_line", None):
-            console.print(f"    {d.ir_line}", markup=False, highlight=False)
-    warnings = len(diagnostics) - errors
-    console.print(f"{path}: {errors} error(s), {warnings} warning(s)", markup=False,
-                  highlight=False)
-    return 0 if errors == 0 else 2
+        console.print(f"{path}: {d}", markup=False, highlight=False)
+    errors = sum(1 for d in diagnostics if d.severity == "error")
+    summary = f"{path}: {errors} error(s), {len(diagnostics) - errors} warning(s)"
+    if errors:
+        raise UserError(summary + "; the IR above is invalid")
+    console.print(summary, markup=False, highlight=False)
+    return 0
 
 
 def explain(rule: str, model_spec: str, plugin_files: Sequence[str], console) -> None:

@@ -50,7 +50,8 @@ def test_dump_ir_writes_every_stage(cli, conv_bn_model, tmp_path):
     assert r.rc == 0, r.err
     records = _report(out)["passes"]
     stems = ["000_input"] + [f"{p['index']:03d}_{p['name']}" for p in records]
-    assert sorted(p.name for p in dump.iterdir()) == sorted(
+    # (.weights files hold the large constants of the .pir text next to them.)
+    assert sorted(p.name for p in dump.iterdir() if p.suffix != ".weights") == sorted(
         f"{s}.{ext}" for s in stems for ext in ("onnx", "pir"))
     assert _report(out)["dump_ir"]["directory"] == str(dump)
     reference = _run(conv_bn_proto().SerializeToString())
