@@ -15,17 +15,28 @@ def clone_model(model: Model) -> Model:
     """
     vmap: Dict[Value, Value] = {}
     graph = _clone_graph(model.graph, vmap)
-    functions = [Function(f.domain, f.name, _clone_graph(f.graph, {}), f.opset_imports, f.attributes,
-                          f.attribute_defaults, f.overload, f.doc_string)
-                 for f in model.functions.values()]
-    for f, src in zip(functions, model.functions.values()):
-        f.metadata_props = dict(src.metadata_props)
+    functions = []
+    for f in model.functions.values():
+        copy = Function(f.domain, f.name, _clone_graph(f.graph, {}), f.opset_imports, f.attributes,
+                        f.attribute_defaults, f.overload, f.doc_string)
+        _copy_fields(f, copy, skip=("graph",))
+        functions.append(copy)
     out = Model(graph, model.opset_imports, model.ir_version, model.producer_name,
                 model.producer_version, model.domain, model.model_version, model.doc_string, functions)
-    out.metadata_props = dict(model.metadata_props)
-    out.extra = {k: list(v) for k, v in model.extra.items()}
-    out.base_dir = model.base_dir
+    # Every other model field (metadata_props, extra, base_dir, source_path, ...) as is.
+    _copy_fields(model, out, skip=("graph", "functions"))
     return out
+
+
+def _copy_fields(src, dst, skip) -> None:
+    for key, value in vars(src).items():
+        if key in skip:
+            continue
+        if isinstance(value, dict):
+            value = {k: list(v) if isinstance(v, list) else v for k, v in value.items()}
+        elif isinstance(value, list):
+            value = list(value)
+        setattr(dst, key, value)
 
 
 def _clone_value(v: Value) -> Value:
@@ -48,6 +59,7 @@ def _clone_graph(g: Graph, vmap: Dict[Value, Value]) -> Graph:
         inits.append(vmap[v])
     out = Graph(inputs, [], [], inits, g.name, g.doc_string)
     out.metadata_props = dict(g.metadata_props)
+    out.extra = {k: list(v) for k, v in getattr(g, "extra", {}).items()}
     for n in g:
         outs = []
         for o in n.outputs:
