@@ -110,7 +110,7 @@ class InferShapes(Pass):
 
         with tempfile.TemporaryDirectory(prefix="passctl-infer-") as tmp:
             path = os.path.join(tmp, "model.onnx")
-            save(model, path, external_data="model.onnx.data")
+            save(model, path, external_data=True, location="model.onnx.data")
             proto = onnx.load(path, load_external_data=False)
             _strip_declared_shapes(proto)
             stripped = os.path.join(tmp, "stripped.onnx")
