@@ -100,8 +100,8 @@ class _Importer:
     def __init__(self, base_dir: str, consume: bool, raw: Optional[List] = None):
         self.base_dir = base_dir
         self.consume = consume
-        # raw_data of the main graph's initializers cut out of the file by onnx_reader (memoryviews
-        # of a memory map; None where the proto keeps its data), by initializer index.
+        # raw_data of the main graph's initializers read apart from the proto by onnx_split (bytes;
+        # None where the proto keeps its data), by initializer index.
         self.raw = raw or []
 
     # -- model ----------------------------------------------------------------------------------
@@ -244,10 +244,12 @@ class _Importer:
         return Attr(a.name, t, value, a.doc_string)
 
     def tensor(self, tp: onnx.TensorProto, raw=None) -> Tensor:
-        if raw is not None:  # raw_data was cut out of the file by onnx_reader (memory-mapped)
-            meta = {e.key: e.value for e in tp.metadata_props}
-            return Tensor(raw, dtype=tp.data_type, dims=tuple(tp.dims), name=tp.name,
-                          doc_string=tp.doc_string, metadata_props=meta)
+        if raw is not None:  # raw_data read apart from the proto (see onnx_split)
+            if tp.data_location != onnx.TensorProto.EXTERNAL and not tp.HasField("segment"):
+                meta = {e.key: e.value for e in tp.metadata_props}
+                return Tensor(raw, dtype=tp.data_type, dims=tuple(tp.dims), name=tp.name,
+                              doc_string=tp.doc_string, metadata_props=meta)
+            tp.raw_data = raw  # an unusual tensor: let Tensor.from_proto decide
         t = Tensor.from_proto(tp, self.base_dir)
         if tp.data_location == onnx.TensorProto.EXTERNAL:
             _check_external_size(t)

@@ -11,6 +11,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from passctl.ir.errors import ModelLoadError
+from passctl.ir.onnx_split import Malformed, Truncated, split_model
 
 logger = logging.getLogger(__name__)
 
@@ -22,12 +23,15 @@ _SIGNATURES = {
 }
 
 
-def read_model_file(path: str) -> Tuple[onnx.ModelProto, List[Optional[memoryview]]]:
+def read_model_file(path: str) -> Tuple[onnx.ModelProto, List[Optional[bytes]]]:
     """Parse ``path`` as an ONNX model without loading external data.
 
+    Large ``raw_data`` of the main graph's initializers is read apart from the proto (see
+    :mod:`passctl.ir.onnx_split`), so the weights are in memory once, not twice.
+
     Returns:
-        The ModelProto and, per main-graph initializer, raw data kept outside the proto (a list of
-        ``None`` here: the proto keeps its data; see :mod:`passctl.ir.onnx_import`).
+        The ModelProto and, per main-graph initializer, the raw bytes taken out of its proto
+        (None where the proto kept its data).
 
     Raises:
         ModelLoadError: one line naming ``path``, the problem and what to do.
@@ -37,7 +41,25 @@ def read_model_file(path: str) -> Tuple[onnx.ModelProto, List[Optional[memoryvie
         head = f.read(4096)
     _check_head(path, head)
     try:
-        proto = onnx.load(path, load_external_data=False)
+        proto, raws = split_model(path)
+    except Truncated as e:
+        if head[:1] == b"\x08":  # starts like a ModelProto (ir_version field)
+            raise ModelLoadError(f"{path}: the ONNX file is truncated ({e}); export or download "
+                                 "the model again") from None
+        raise ModelLoadError(f"{path}: not an ONNX model (not a protobuf message: {e}); give a "
+                             ".onnx file") from None
+    except (Malformed, DecodeError, RuntimeError, ValueError, OSError) as e:
+        logger.debug("%s: wire-format split failed (%s); parsing with onnx.load", path, e)
+        proto, raws = _onnx_load(path, head), []
+    if not proto.HasField("graph") or (proto.ir_version == 0 and not len(proto.opset_import)):
+        raise ModelLoadError(f"{path}: not an ONNX model or truncated (no graph, ir_version or "
+                             "opset_import found); give a complete .onnx file")
+    return proto, raws
+
+
+def _onnx_load(path: str, head: bytes) -> onnx.ModelProto:
+    try:
+        return onnx.load(path, load_external_data=False)
     except (DecodeError, RuntimeError, ValueError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         if head[:1] == b"\x08":  # starts like a ModelProto (ir_version field)
@@ -45,10 +67,6 @@ def read_model_file(path: str) -> Tuple[onnx.ModelProto, List[Optional[memoryvie
                                  f"failed: {reason}); export or download the model again") from None
         raise ModelLoadError(f"{path}: not an ONNX model (protobuf parse failed: {reason}); give "
                              "a .onnx file") from None
-    if not proto.HasField("graph") or (proto.ir_version == 0 and not len(proto.opset_import)):
-        raise ModelLoadError(f"{path}: not an ONNX model or truncated (no graph, ir_version or "
-                             "opset_import found); give a complete .onnx file")
-    return proto, []
 
 
 def _check_path(path: str) -> None:

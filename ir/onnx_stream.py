@@ -74,7 +74,10 @@ def write_raw(f: BinaryIO, t: Tensor) -> None:
 
 
 def copy_range(src_path: str, offset: int, length: int, dst: BinaryIO) -> None:
-    """Copy ``length`` bytes of ``src_path`` from ``offset`` to ``dst``'s position in chunks.
+    """Copy ``length`` bytes of ``src_path`` from ``offset`` to ``dst``'s position.
+
+    Uses ``os.copy_file_range`` (in-kernel, no user-space buffer) where the platform allows, else
+    reads and writes chunks of :data:`CHUNK` bytes. Holes of a sparse source stay holes.
 
     Raises:
         OSError: the source ends early or cannot be read.
@@ -90,13 +93,45 @@ def copy_range(src_path: str, offset: int, length: int, dst: BinaryIO) -> None:
                 pos = data
                 continue
             stop = _next_hole(fd, pos, end)
-            src.seek(pos)
-            while pos < stop:
-                chunk = src.read(min(CHUNK, stop - pos))
-                if not chunk:
-                    raise OSError(f"{src_path}: ends at byte {pos}, expected {end} bytes")
-                dst.write(chunk)
-                pos += len(chunk)
+            pos = _copy_segment(src, pos, stop, dst, src_path, end)
+
+
+def _copy_segment(src, pos: int, stop: int, dst: BinaryIO, src_path: str, end: int) -> int:
+    """Copy source bytes [pos, stop) to ``dst``; returns ``stop``."""
+    pos = _copy_in_kernel(src, pos, stop, dst)
+    src.seek(pos)
+    while pos < stop:
+        chunk = src.read(min(CHUNK, stop - pos))
+        if not chunk:
+            raise OSError(f"{src_path}: ends at byte {pos}, expected {end} bytes")
+        dst.write(chunk)
+        pos += len(chunk)
+    return pos
+
+
+def _copy_in_kernel(src, pos: int, stop: int, dst: BinaryIO) -> int:
+    """As much of [pos, stop) as ``os.copy_file_range`` copies; returns the next source offset
+    (``pos`` itself where it is unavailable; the caller copies the rest)."""
+    copy = getattr(os, "copy_file_range", None)
+    try:
+        dst_fd = dst.fileno()
+    except (AttributeError, OSError, ValueError):
+        return pos
+    if copy is None:
+        return pos
+    dst.flush()
+    dst_pos = dst.tell()
+    try:
+        while pos < stop:
+            n = copy(src.fileno(), dst_fd, stop - pos, pos, dst_pos)
+            if n == 0:  # source shorter than expected: the read loop reports it
+                break
+            pos += n
+            dst_pos += n
+    except OSError:  # EXDEV, ENOSYS, EINVAL on some file systems: fall back to read/write
+        pass
+    dst.seek(dst_pos)
+    return pos
 
 
 def _next_data(fd: int, pos: int, end: int) -> int:

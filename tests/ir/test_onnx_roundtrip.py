@@ -88,8 +88,10 @@ def test_corpus_round_trip(corpus_model, tmp_path):
 
     original = onnx.load(src)  # external data loaded, as to_onnx embeds it
     assert_same_proto(original, to_onnx(model))
-    # The streamed / external-data file parses to the same model as to_onnx.
+    # The streamed / external-data file parses to the same model as to_onnx, with onnx.load and
+    # with passctl's own reader (which splits the weights out of the protobuf).
     assert_same_proto(original, onnx.load(out))
+    assert same_bytes(to_onnx(load(out)), to_onnx(model))
 
     if checker_passes(src):
         onnx.checker.check_model(out, full_check=True)
@@ -298,6 +300,30 @@ def test_provenance_metadata_is_read_back_and_written_only_when_it_differs():
     relu.name = "fused"
     meta = {p.key: p.value for p in to_onnx(model).graph.node[-1].metadata_props}
     assert json.loads(meta["passctl.provenance"]) == ["conv1", "bn1"]
+
+
+def test_reader_keeps_large_weights_out_of_the_proto(tmp_path):
+    """load() reads each large raw_data once, into the Tensor; the parsed proto never holds it."""
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal((64, 64)).astype(np.float32)
+    small = np.arange(4, dtype=np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "big"], ["y"], name="mm"),
+                               helper.make_node("Add", ["y", "small"], ["z"], name="add")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 64])],
+                              initializer=[onnx.numpy_helper.from_array(big, "big"),
+                                           onnx.numpy_helper.from_array(small, "small")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = str(tmp_path / "m.onnx")
+    onnx.save(proto, path)
+    from passctl.ir.onnx_reader import read_model_file
+
+    skeleton, raws = read_model_file(path)
+    assert raws[0] == big.tobytes() and raws[1] is None  # 16 bytes stay in the proto
+    assert not skeleton.graph.initializer[0].raw_data and skeleton.graph.initializer[1].raw_data
+    model = load(path)
+    assert np.array_equal(model.graph.initializers["big"].const.numpy(), big)
+    assert same_bytes(to_onnx(model), proto)
 
 
 def test_initializer_that_is_also_an_input_stays_both():
