@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from passctl.ir import (Attr, AttrType, Builder, DataType, Function, Graph, Model, Node, Shape,
