@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,17 @@ def _offline_torch():
     import transformers
 
     return torch, transformers
+
+
+def _dynamo_export(module, args, path: Path, inputs, outputs, shapes) -> None:
+    """``torch.onnx.export(..., dynamo=True)``, opset 18, weights in ``<path>.data``."""
+    torch, _ = _offline_torch()
+    with warnings.catch_warnings():
+        # Every input names its axes "batch"/"sequence"; the exporter warns that it keeps one of each.
+        warnings.filterwarnings("ignore", message=".*axis name.*will not be used")
+        torch.onnx.export(module, args, str(path), dynamo=True, opset_version=18,
+                          input_names=list(inputs), output_names=list(outputs),
+                          dynamic_shapes=shapes, external_data=True)
 
 
 def _bert_wrapper(model):
@@ -71,9 +83,7 @@ def export_minilm(model_dir: str, path: Path, dynamo: bool) -> None:
         if dynamo:
             batch, sequence = torch.export.Dim("batch", max=1024), torch.export.Dim("sequence", max=512)
             shapes = {name: {0: batch, 1: sequence} for name in BERT_INPUTS}
-            torch.onnx.export(wrapper, args, str(path), dynamo=True, opset_version=18,
-                              input_names=list(BERT_INPUTS), output_names=outputs,
-                              dynamic_shapes=shapes, external_data=True)
+            _dynamo_export(wrapper, args, path, BERT_INPUTS, outputs, shapes)
         else:
             axes = {name: {0: "batch", 1: "sequence"} for name in BERT_INPUTS}
             axes["last_hidden_state"] = {0: "batch", 1: "sequence"}
@@ -136,8 +146,6 @@ def export_llama_shape(path: Path, num_hidden_layers: int = 32, seed: int = 0) -
     batch, sequence = torch.export.Dim("batch", max=1024), torch.export.Dim("sequence", max=2048)
     shapes = {name: {0: batch, 1: sequence} for name in LLAMA_INPUTS}
     with torch.no_grad():
-        torch.onnx.export(LlamaLogits().eval(), args, str(path), dynamo=True, opset_version=18,
-                          input_names=list(LLAMA_INPUTS), output_names=["logits"],
-                          dynamic_shapes=shapes, external_data=True)
+        _dynamo_export(LlamaLogits().eval(), args, path, LLAMA_INPUTS, ["logits"], shapes)
     logger.info("exported the %d-layer LLaMA-shape graph in %.1f s", num_hidden_layers,
                 time.perf_counter() - start)

@@ -119,13 +119,13 @@ def test_cached_export_failure_leaves_nothing(tmp_path):
 
 
 @pytest.mark.slow
-def test_llama_shape_export_matches_torch(tmp_path):
+def test_llama_shape_export_matches_torch():
     """A 2-layer LLaMA-shape export computes what the torch model computes, with a padded row."""
     import torch
     from corpus import llama_shape_model
     from corpus_export import build_llama_shape
 
-    path = llama_shape_model(str(tmp_path), num_hidden_layers=2)
+    path = llama_shape_model(num_hidden_layers=2)
     model = onnx.load(path, load_external_data=False)
     assert [value.name for value in model.graph.input] == ["input_ids", "attention_mask"]
     assert model.graph.node and not [n for n in model.graph.node if n.op_type == "Identity"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Union
 
@@ -25,7 +26,7 @@ REL_FLOOR = 1e-12
 """Smallest denominator of :attr:`OutputDiff.max_rel` (for all-zero reference outputs)."""
 
 _PROTOBUF_LIMIT = 2**31 - 1
-ModelLike = Union[str, bytes, onnx.ModelProto]
+ModelLike = Union[str, "os.PathLike[str]", bytes, onnx.ModelProto]
 
 
 def run_onnxruntime(model: ModelLike, inputs: Mapping[str, np.ndarray], optimize: bool = False,
@@ -36,8 +37,9 @@ def run_onnxruntime(model: ModelLike, inputs: Mapping[str, np.ndarray], optimize
     cannot hide or cause a difference.
 
     Args:
-        model: Path of an ``.onnx`` file (external data next to it is found), serialized bytes, or an
-            ``onnx.ModelProto`` (serialized here; must be under 2 GB with its weights in memory).
+        model: Path of an ``.onnx`` file (``str`` or ``os.PathLike``; external data next to it is
+            found), serialized bytes, or an ``onnx.ModelProto`` (serialized here; must be under 2 GB
+            with its weights in memory).
         inputs: ``{input name: array}``; every graph input must be present, no other names.
         optimize: ``True`` uses ``ORT_ENABLE_ALL`` instead of ``ORT_DISABLE_ALL``.
         threads: ``intra_op_num_threads`` (``None``: ONNX Runtime's default).
@@ -52,6 +54,8 @@ def run_onnxruntime(model: ModelLike, inputs: Mapping[str, np.ndarray], optimize
     """
     import onnxruntime as ort
 
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
     if isinstance(model, onnx.ModelProto):
         if model.ByteSize() > _PROTOBUF_LIMIT:
             raise UserError(f"model graph '{model.graph.name}' is over 2 GB in memory; save it with "

@@ -58,7 +58,7 @@ def _elem_dtype(value: onnx.ValueInfoProto) -> np.dtype:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
 
 
-def _default_dim(input_name: str, dim_name: str, axis: int, rank: int) -> int:
+def _default_dim(dim_name: str, axis: int, rank: int) -> int:
     """The default of one unknown dimension (rules 4-7 of :func:`make_inputs`)."""
     if dim_name and _BATCH_NAME.search(dim_name):
         return DEFAULT_BATCH
@@ -96,7 +96,7 @@ def _resolve_shape(value: onnx.ValueInfoProto, dim_values: Mapping[str, int],
         elif dim_name and dim_name in bound:
             size = bound[dim_name]
         else:
-            size = _default_dim(value.name, dim_name, axis, len(dims))
+            size = _default_dim(dim_name, axis, len(dims))
         if dim_name:
             bound.setdefault(dim_name, size)
         shape.append(size)

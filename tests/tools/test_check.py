@@ -104,7 +104,7 @@ def test_run_onnxruntime_path_bytes_proto(tmp_path):
     path = tmp_path / "scale.onnx"
     onnx.save(model, str(path))
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
-    for source in (str(path), model.SerializeToString(), model):
+    for source in (str(path), path, model.SerializeToString(), model):
         outputs = run_onnxruntime(source, {"X": x})
         assert list(outputs) == ["Y"]
         np.testing.assert_array_equal(outputs["Y"], x * np.float32(2.5))
