@@ -58,6 +58,10 @@ def cached_export(name: str, build: Callable[[Path], None], root: Optional[Path]
     ``build`` writes into a fresh temporary folder that is renamed into place when it returns, under
     an exclusive ``fcntl.flock`` on ``<root>/<name>.lock``, so parallel pytest-xdist workers export once
     and never see a half-written model.
+
+    Raises:
+        RuntimeError: ``build`` returned without writing ``model.onnx``; whatever ``build`` raises
+            (the temporary folder is removed first).
     """
     root = Path(root) if root is not None else cache_root()
     final = root / name
@@ -73,7 +77,11 @@ def cached_export(name: str, build: Callable[[Path], None], root: Optional[Path]
             temp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
             try:
                 build(temp / "model.onnx")
+                if not (temp / "model.onnx").is_file():
+                    raise RuntimeError(f"export of '{name}' returned without writing model.onnx")
                 os.chmod(temp, 0o755)  # mkdtemp makes it private
+                if final.exists():  # a folder left without model.onnx (edited by hand): replace it
+                    shutil.rmtree(final)
                 os.rename(temp, final)
             except BaseException:
                 shutil.rmtree(temp, ignore_errors=True)
