@@ -37,7 +37,8 @@ def parse_model(text: str, filename: str = "<string>") -> Model:
 
     File references (``@raw``, ``@onnx``) are relative to the folder of ``filename`` (the current
     folder for ``"<string>"``). ``@raw`` data is memory-mapped on first use; an ``@onnx`` file is
-    read once (without its external data) for all its tensors.
+    read once (without its external data) for all its tensors, and becomes the model's
+    ``source_path`` (the first one, if several), so printing the model again refers to it again.
 
     Args:
         text: the IR text.
@@ -97,6 +98,8 @@ class _Parser:
         self.pos = 0
         real = filename not in ("<string>", "") and not filename.startswith("<")
         self.base_dir = os.path.dirname(os.path.abspath(filename)) if real else os.getcwd()
+        # ONNX files that @onnx references read, in order of first use.
+        self.sources: List[str] = []
 
     # -- token helpers --------------------------------------------------------------------------
     @property
@@ -232,6 +235,8 @@ class _Parser:
                 m.functions[fn.key] = fn
             else:
                 raise self.expected("'graph', 'func', 'doc', 'meta', 'extra' or '}'")
+        if self.sources:  # re-printing refers to the same source file again
+            m.source_path = self.sources[0]
         if graph_tok is None:
             raise self.error("the model has no main graph ('graph @name(...) -> (...) {...}')",
                              self.toks[self.pos - 1])
@@ -641,6 +646,8 @@ class _Parser:
             t = SourceIndex.get(path).tensor(key)
         except Exception as e:  # onnx's DecodeError and friends
             raise self.error(f"cannot read '{where}' as ONNX: {e}", tok) from None
+        if os.path.abspath(path) not in self.sources:
+            self.sources.append(os.path.abspath(path))
         if t is None:
             raise self.error(f"'{where}' has no tensor {' '.join(key[1:])!r}", tok)
         if t.dtype != dtype or t.dims != tuple(dims):
