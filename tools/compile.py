@@ -133,27 +133,32 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     emitter = get_emitter(args.emit or target.default_emitter)
     passes = build_pipeline(args.pipeline, target.name)
     dims, overrides = parse_dims(args.dim), load_input_file(args.inputs)
-    model, path = load_model(args.model)
-    out = os.path.abspath(args.out or default_out(path))
-    t_loaded = time.perf_counter()
-    hist_before, nodes_before = op_histogram(model), count_nodes(model.graph)
+    steps = 1 + len(passes) + 1 + int(args.check)  # load, passes, emit, check
 
-    with tempfile.TemporaryDirectory(prefix="passctl-") as work:
+    with DelayedProgress(console, total=steps) as progress, \
+            tempfile.TemporaryDirectory(prefix="passctl-") as work:
+        progress.update("loading the model")
+        model, path = load_model(args.model)
+        out = os.path.abspath(args.out or default_out(path))
+        hist_before, nodes_before = op_histogram(model), count_nodes(model.graph)
         reference = _reference_model(model, path, work)
-        with DelayedProgress(console, total=len(passes)) as progress:
-            instruments = build_instruments(args, argv, reference, dims, overrides) + [
-                _ProgressInstrument(progress)]
-            manager = PassManager(passes, verify_each=args.verify_each, instruments=instruments)
-            try:
-                result = manager.run(model)
-            except PassFailure as e:
-                raise InternalError(str(e), e.reproducer) from e
-            except VerifyError as e:
-                if e.pass_name is None:
-                    raise UserError(f"{path}: {e}") from e
-                raise InternalError(str(e), _write_crash_folder(args.reproducer_dir, argv, e,
-                                                                model)) from e
+        progress.update("loaded", advance=1)
+        t_loaded = time.perf_counter()
+
+        instruments = build_instruments(args, argv, reference, dims, overrides) + [
+            _ProgressInstrument(progress)]
+        manager = PassManager(passes, verify_each=args.verify_each, instruments=instruments)
+        try:
+            result = manager.run(model)
+        except PassFailure as e:
+            raise InternalError(str(e), e.reproducer) from e
+        except VerifyError as e:
+            if e.pass_name is None:
+                raise UserError(f"{path}: {e}") from e
+            raise InternalError(str(e), _write_crash_folder(args.reproducer_dir, argv, e,
+                                                            model)) from e
         t_passes = time.perf_counter()
+
         report: Dict[str, Any] = {
             "schema": REPORT_SCHEMA,
             "command": ["passctl"] + list(argv),
@@ -171,31 +176,28 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             "op_histogram": {"before": hist_before, "after": op_histogram(model)},
         }
         report.update(instruments_report(instruments))
-        timing: Dict[str, float] = {}
 
         def finalize(folder: str, info: Dict[str, Any]) -> None:
             t_emitted = time.perf_counter()
+            progress.update("artifact written", advance=1)
             report["artifact"] = dict(info, path=out)
             report["check"] = None
             if args.check:
+                progress.update("checking against the original", advance=1)
                 report["check"] = _run_check(reference, os.path.join(folder, "model.onnx"), args,
                                              dims, overrides)
             t_end = time.perf_counter()
-            timing.update(load_s=t_loaded - start, passes_s=t_passes - t_loaded,
+            timing = dict(load_s=t_loaded - start, passes_s=t_passes - t_loaded,
                           emit_s=t_emitted - t_passes, check_s=t_end - t_emitted,
                           total_s=t_end - start)
             report["timing"] = {k: round(v, 4) for k, v in timing.items()}
             if report["check"] is not None and not report["check"]["ok"]:
-                crash = _write_crash_folder(args.reproducer_dir, argv,
-                                            RuntimeError("numeric check failed"), model)
-                write_report(crash, report)
-                for name in os.listdir(folder):  # the candidate artifact, to compare by hand
-                    if name.startswith("model.onnx"):
-                        shutil.copy2(os.path.join(folder, name), os.path.join(crash, name))
                 raise InternalError(f"numeric check failed: {report['check']['failures'][0]} "
-                                    f"(report in the reproducer)", crash)
+                                    "(report in the reproducer)",
+                                    _check_failure_folder(args, argv, model, report, folder))
             write_report(folder, report)
 
+        progress.update(f"writing the {emitter.name} artifact")
         try:
             emitter.emit(model, target, out, finalize)
         except (UserError, InternalError):
@@ -207,6 +209,18 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     if not args.quiet:
         print_summary(console, report)
     return report
+
+
+def _check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],
+                          folder: str) -> str:
+    """Crash folder for a failed check: command, IR, report.json and the candidate model files."""
+    crash = _write_crash_folder(args.reproducer_dir, argv, RuntimeError("numeric check failed"),
+                                model)
+    write_report(crash, report)
+    for name in os.listdir(folder):
+        if name.startswith("model.onnx"):
+            shutil.copy2(os.path.join(folder, name), os.path.join(crash, name))
+    return crash
 
 
 def _output_ok(diff, rtol: float, atol: float) -> bool:
