@@ -14,7 +14,9 @@ from passctl.tools.check import check_models
 
 
 def _inits(proto):
-    return {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    """Initializers of a ModelProto's main graph, or of a GraphProto."""
+    graph = proto.graph if isinstance(proto, onnx.ModelProto) else proto
+    return {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
 
 
 def test_lift_and_fold_chain():
@@ -146,3 +148,29 @@ def test_static_part_of_dynamic_shape_folded():
     assert op_types(out) == ["Shape", "Slice", "Concat", "Reshape"]
     x = np.random.default_rng(0).normal(size=(2, 5, 8, 32)).astype(np.float32)
     assert_same_outputs(proto, out, inputs={"x": x})
+
+
+def test_folding_inside_if_branches():
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (bool c, float[2] x) => (float[2] y) {
+            y = If (c) <
+                then_branch = t () => (float[2] ty) {
+                    k = Constant <value = float[2] {1.0, 2.0}> ()
+                    k2 = Mul (k, k)
+                    ty = Add (x, k2)
+                },
+                else_branch = e () => (float[2] ey) {
+                    ey = Constant <value = float[2] {5.0, 6.0}> ()
+                }
+            >
+        }""")
+    _, result, out = apply(proto, FoldConstants())
+    # then: k lifted, k2 folded into the branch's initializers; else: its output stays a node.
+    assert result.stats == {"lifted": 1, "folded": 1, "too_large": 0, "failed": 0}
+    then = next(a.g for a in out.graph.node[0].attribute if a.name == "then_branch")
+    assert [n.op_type for n in then.node] == ["Add"]
+    np.testing.assert_array_equal(_inits(then)["k2"], [1.0, 4.0])
+    for flag in (True, False):
+        assert_same_outputs(proto, out, inputs={"c": np.array(flag),
+                                                "x": np.array([0.5, -1.0], np.float32)})
