@@ -115,12 +115,12 @@ class Value:
     Values compare by identity.
     """
 
-    __slots__ = ("name", "type", "producer", "index", "_uses", "const", "doc_string",
+    __slots__ = ("_name", "type", "producer", "index", "_uses", "const", "doc_string",
                  "metadata_props", "graph", "__weakref__")
 
     def __init__(self, name: str = "", type: Optional[Type] = None, const: Optional[Tensor] = None,
                  doc_string: str = ""):
-        self.name = name
+        self._name = name
         self.type = type
         self.producer: Optional[Node] = None
         self.index: Optional[int] = None
@@ -130,6 +130,17 @@ class Value:
         self.metadata_props: Dict[str, str] = {}
         # The graph that owns this value when it is a graph input or initializer.
         self.graph: Optional[Graph] = None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, name: str) -> None:
+        self._name = name
+        g = self.producer.graph if self.producer is not None else self.graph
+        if g is not None:
+            g._note_names((name,))
 
     # -- type helpers ---------------------------------------------------------------------------
     @property
@@ -405,6 +416,8 @@ class Graph:
         self._root = _Link(None)
         self._count = 0
         self._name_counter = itertools.count()
+        # Names taken in this (root) graph and its subgraphs; built lazily by fresh_name.
+        self._name_cache: Optional[set] = None
         for v in inputs:
             self.add_input(v)
         for v in initializers:
@@ -417,6 +430,7 @@ class Graph:
         value.graph = self
         self.inputs.append(value)
         self._input_set[value] = None
+        self._note_names((value.name,))
         return value
 
     def remove_input(self, value: Value) -> None:
@@ -437,6 +451,7 @@ class Graph:
         if value.type is None:
             value.type = TensorType(value.const.dtype, Shape(value.const.dims))
         self.initializers[value.name] = value
+        self._note_names((value.name,))
         return value
 
     def remove_initializer(self, name: str) -> None:
@@ -486,6 +501,12 @@ class Graph:
         self._count += 1
         for sub in node.subgraphs():
             sub.parent = node
+        root = self._root_graph()
+        if root._name_cache is not None:
+            root._name_cache.add(node.name)
+            root._name_cache.update(v.name for v in node.outputs)
+            for sub in node.subgraphs():
+                sub._collect_names(root._name_cache)
 
     def _check_insertable(self, anchor: Optional[Node], nodes: List[Node]) -> None:
         if anchor is not None:
@@ -636,23 +657,38 @@ class Graph:
     def fresh_name(self, prefix: str = "v") -> str:
         """A value/node name not used in this graph, its subgraphs or its ancestors, from ``prefix``.
 
-        Cost: one walk over the graph (linear in its size) per call.
+        The returned name is reserved at once, so two calls never return the same name. The set of
+        taken names is built once per root graph and then kept up to date as nodes, inputs and
+        initializers are added and values renamed (removed names stay taken), so a call costs O(1)
+        amortized.
         """
-        taken = self._names()
-        if prefix not in taken:
-            return prefix
-        while True:
-            cand = f"{prefix}_{next(self._name_counter)}"
-            if cand not in taken:
-                return cand
+        taken = self._root_graph()._taken_names()
+        name = prefix
+        while name in taken:
+            name = f"{prefix}_{next(self._name_counter)}"
+        taken.add(name)
+        return name
 
-    def _names(self) -> set:
+    def _root_graph(self) -> "Graph":
         root: Graph = self
         while root.parent is not None and root.parent.graph is not None:
             root = root.parent.graph
-        names: set = set()
-        root._collect_names(names)
-        return names
+        return root
+
+    def _taken_names(self) -> set:
+        if self._name_cache is None:
+            names: set = set()
+            self._collect_names(names)
+            self._name_cache = names
+        return self._name_cache
+
+    def _note_names(self, names) -> None:
+        root = self._root_graph()
+        if root._name_cache is not None:
+            root._name_cache.update(names)
+
+    def _names(self) -> set:
+        return set(self._root_graph()._taken_names())
 
     def _collect_names(self, names: set) -> None:
         names.update(self.initializers)
