@@ -24,7 +24,8 @@ KEYWORDS = frozenset({
 
 # Attribute kinds as written after ':' (lower-case AttrType names).
 ATTR_KIND_NAMES = ("float", "int", "string", "tensor", "graph", "sparse_tensor", "type_proto",
-                   "floats", "ints", "strings", "tensors", "graphs", "sparse_tensors", "type_protos")
+                   "floats", "ints", "strings", "tensors", "graphs", "sparse_tensors",
+                   "type_protos")
 
 _ESCAPES = {ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n", ord("\t"): "\\t",
             ord("\r"): "\\r"}
@@ -85,7 +86,7 @@ def as_text(b: bytes) -> Union[str, bytes]:
 
 
 def format_float(x: float, dtype: DataType = DataType.FLOAT) -> str:
-    """Shortest decimal text that reads back to the same ``dtype`` value (``nan``, ``inf``, ``-inf``).
+    """Shortest decimal text that reads back to the same ``dtype`` value (or nan, inf, -inf).
 
     f16/f32/f64 use numpy's shortest round-trip repr (Dragon4, "unique"); the narrower float types
     (bf16, fp8, fp4, e8m0) are exactly representable in f32 and print as their f32 value. The
@@ -118,7 +119,8 @@ def format_scalars(arr: np.ndarray, dtype: DataType) -> Optional[List[str]]:
         wide = flat.astype(np.float64)
         texts = [format_float(x, dtype) for x in wide]
     else:
-        texts = [str(int(x)) for x in flat.astype(np.int64 if dtype != DataType.UINT64 else np.uint64)]
+        wide_int = np.uint64 if dtype == DataType.UINT64 else np.int64
+        texts = [str(int(x)) for x in flat.astype(wide_int)]
     back = scalars_to_array([_read_scalar(t) for t in texts], dtype, flat.shape)
     if back.tobytes() != np.ascontiguousarray(flat.astype(dtype.numpy())).tobytes():
         return None

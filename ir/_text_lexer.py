@@ -1,4 +1,4 @@
-"""Tokenizer of the IR text form: values, names, strings, numbers and punctuation, with positions."""
+"""Tokenizer of the IR text form: values, names, strings, numbers, punctuation, with positions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import List, Union
 from passctl.ir.errors import ParseError
 
 # Token kinds.
-VALUE, NAME, STRING, INT, FLOAT, PUNCT, EOF = "value", "name", "string", "int", "float", "punct", "eof"
+VALUE, NAME, STRING, INT, FLOAT = "value", "name", "string", "int", "float"
+PUNCT, EOF = "punct", "eof"
 
 _PUNCT2 = ("->", "::")
 _PUNCT1 = "(){}[]<>,:=@?*"
@@ -32,7 +33,7 @@ class Token:
     column: int
 
     def describe(self) -> str:
-        """How the token is shown in an error message: ``'%x'``, ``name 'Relu'``, ``end of input``."""
+        """The token as errors show it: ``value '%x'``, ``name 'Relu'``, ``end of input``."""
         if self.kind == EOF:
             return "end of input"
         if self.kind == VALUE:

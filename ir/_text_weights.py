@@ -1,4 +1,4 @@
-"""Where the IR text form keeps large constants: a weights file it writes, or the source ONNX file."""
+"""Where the IR text form keeps large constants: a weights file it writes, or the source model."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class WeightsFile:
         return os.path.realpath(path) == self.target
 
     def add(self, t: Tensor) -> Tuple[int, int]:
-        """Append the tensor's bytes; returns ``(offset, length)``. The same Tensor is written once."""
+        """Append the tensor's bytes; returns ``(offset, length)``. A Tensor is written once."""
         hit = self.placed.get(id(t))
         if hit is not None:
             return hit[1], hit[2]
@@ -96,7 +96,7 @@ class SourceIndex:
             proto = onnx.load(self.path, load_external_data=False)
             found: Dict[tuple, list] = {}
             self._index(proto.graph, found)
-            # A key that names two tensors (e.g. the same tensor name in two If branches) is unusable.
+            # A key naming two tensors (e.g. one tensor name in two If branches) is unusable.
             self._tensors = {k: v[0] for k, v in found.items() if len(v) == 1}
         return self._tensors
 

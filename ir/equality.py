@@ -1,4 +1,4 @@
-"""Structural equality of models and graphs, modulo value names (for golden and round-trip tests)."""
+"""Structural equality of models and graphs, modulo value names (for golden/round-trip tests)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Parser of the IR text form (``docs/ir-text-form.md``): hand-written recursive descent to a Model."""
+"""Parser of the IR text form (``docs/ir-text-form.md``): hand-written recursive descent."""
 
 from __future__ import annotations
 
@@ -275,7 +275,8 @@ class _Parser:
         overload = self.ident("the overload") if self.accept("<") else ""
         if overload:
             self.expect(">")
-        g, out_types = self.signature(_Scope(None), name)
+        scope = _Scope(None)
+        g, out_types = self.signature(scope, name)
         attrs: List[str] = []
         defaults: List[Attr] = []
         opsets: Dict[str, int] = {}
@@ -291,7 +292,7 @@ class _Parser:
             else:
                 raise self.expected("'{' or a function property (attrs, defaults, opset)")
         fn = Function(domain, name, g, opsets, attrs, defaults, overload)
-        self.body(g, out_types, fn)
+        self.body(g, scope, out_types, fn)
         return fn
 
     # -- graph ----------------------------------------------------------------------------------
@@ -300,13 +301,13 @@ class _Parser:
         name = ""
         if self.accept("@"):
             name = self.ident("the graph name")
-        g, out_types = self.signature(_Scope(parent), name)
-        self.body(g, out_types, g)
+        scope = _Scope(parent)
+        g, out_types = self.signature(scope, name)
+        self.body(g, scope, out_types, g)
         return g
 
     def signature(self, scope: _Scope, name: str) -> Tuple[Graph, list]:
         g = Graph(name=name)
-        g._scope = scope
         self.expect("(", "to open the input list")
 
         def param():
@@ -326,8 +327,8 @@ class _Parser:
         out_types = self.comma_list(")", lambda: (self.tok, self.type_or_unknown()))
         return g, out_types
 
-    def body(self, g: Graph, out_types: list, props) -> None:
-        scope: _Scope = g._scope
+    def body(self, g: Graph, scope: _Scope, out_types: list, props) -> None:
+        """``{ items return values }``; ``props`` (the graph or function) takes doc and meta."""
         self.expect("{", "to open the graph body")
         while True:
             if self.accept_word("return"):
@@ -362,7 +363,6 @@ class _Parser:
                     raise self.error(f"output '%{v.name}' has type {_show(v.type)} but the "
                                      f"signature says {_show(t)}", tok)
             g.outputs.append(v)
-        del g._scope
 
     def statement(self, g: Graph, scope: _Scope) -> None:
         first = self.tok

@@ -154,7 +154,7 @@ class _Printer:
 
     # -- names ----------------------------------------------------------------------------------
     def define(self, v: Value) -> str:
-        """Give a value its printed name: its own, made unique in the model (functions: per body)."""
+        """Give a value its printed name: its own, made unique in the model (per function body)."""
         if self.single_line:
             return value_ref(v.name)
         if v in self.names:
@@ -230,7 +230,8 @@ class _Printer:
         if fn.attributes:
             suffix += " attrs [" + ", ".join(ident(a) for a in fn.attributes) + "]"
         if fn.attribute_defaults:
-            suffix += " defaults {" + ", ".join(self.attr_inline(a) for a in fn.attribute_defaults) + "}"
+            defaults = ", ".join(self.attr_inline(a) for a in fn.attribute_defaults)
+            suffix += " defaults {" + defaults + "}"
         suffix += f" opset {self.opsets(fn.opset_imports)}"
         self.graph(fn.graph, "func", indent, name=name, suffix=suffix, obj=fn)
 
@@ -373,7 +374,8 @@ class _Printer:
 
     # -- constants ------------------------------------------------------------------------------
     def tensor(self, t: Tensor, key) -> str:
-        """``dtype[dims] data [{name = ..., doc = ..., meta = {...}}]`` (initializers take the value's name)."""
+        """``dtype[dims] data [{name = ..., doc = ..., meta = {...}}]``; an initializer's tensor
+        takes the value's name, so it is not printed."""
         s = f"{t.dtype.short_name}[{','.join(str(d) for d in t.dims)}] {self.tensor_data(t, key)}"
         props = []
         if t.name and (key is None or key[0] != "init"):

@@ -1,4 +1,4 @@
-"""Hand-built IR models for the text-form tests: every attribute kind, element type and value type."""
+"""Hand-built IR models for the text-form tests: every attribute kind, element and value type."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ NICE_FLOATS = {"default": [0.5, -2.0, 0.25], DataType.FLOAT8E8M0: [0.5, 2.0, 0.2
 
 
 def nice_tensor(dt: DataType) -> Tensor:
-    """Three exact, readable elements of ``dt`` (the text form must print them as ``dense<...>``)."""
+    """Three exact, readable elements of ``dt`` (the text form prints them as ``dense<...>``)."""
     if dt == DataType.STRING:
         arr = np.array([b"plain", "caf\u00e9".encode(), b"\xff\x00\"q\"\n"], dtype=object)
     elif dt == DataType.BOOL:
