@@ -156,9 +156,16 @@ def _dispatch(args, argv: List[str], console) -> int:
     from passctl.tools import commands
 
     if args.command == "compile":
-        from passctl.tools.compile import run_compile
+        from passctl.tools.compile import run_compile, write_crash_folder
 
-        run_compile(args, argv, console)
+        try:
+            run_compile(args, argv, console)
+        except (UserError, InternalError):
+            raise
+        except Exception as e:  # a bug outside any pass (import, export...): keep a reproducer
+            folder = write_crash_folder(args.reproducer_dir, argv, e)
+            raise InternalError(f"{type(e).__name__}: {e} (traceback in the reproducer)",
+                                folder) from e
     elif args.command == "show":
         commands.show(args.model, args.weights)
     elif args.command == "verify":

@@ -85,12 +85,14 @@ def _reference_model(model, path: str, workdir: str) -> str:
     return ref
 
 
-def _write_crash_folder(root: Optional[str], argv: List[str], error: BaseException,
+def write_crash_folder(root: Optional[str], argv: List[str], error: BaseException,
                         model=None) -> str:
     """A reproducer for a failure outside the passes: the command, traceback and IR (when given).
 
     The folder is ``<root>/compile-XXXX`` (``root``: ``--reproducer-dir``, else a fresh folder under
-    the system temp folder).
+    the system temp folder). It holds ``command.sh`` (re-runs the command in the folder it was run
+    from), ``traceback.txt`` and, with ``model``, ``model.pir`` (large constants in
+    ``model.weights``).
     """
     from passctl.tools.instrument_setup import default_reproducer_dir
 
@@ -98,15 +100,17 @@ def _write_crash_folder(root: Optional[str], argv: List[str], error: BaseExcepti
     os.makedirs(root, exist_ok=True)
     folder = tempfile.mkdtemp(prefix="compile-", dir=root)
     with open(os.path.join(folder, "command.sh"), "w") as f:
-        f.write("passctl " + " ".join(shlex.quote(a) for a in argv) + "\n")
+        f.write(f"cd {shlex.quote(os.getcwd())} || exit 1\n"
+                "passctl " + " ".join(shlex.quote(a) for a in argv) + "\n")
     with open(os.path.join(folder, "traceback.txt"), "w") as f:
         f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
     if model is not None:
         try:
             from passctl.ir.printer import print_model
 
+            text = print_model(model, weights_path=os.path.join(folder, "model.weights"))
             with open(os.path.join(folder, "model.pir"), "w") as f:
-                f.write(print_model(model))
+                f.write(text)
         except Exception:  # the reproducer must not hide the original error
             logger.exception("could not print the model into the reproducer")
     return folder
@@ -155,7 +159,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         except VerifyError as e:
             if e.pass_name is None:
                 raise UserError(f"{path}: {e}") from e
-            raise InternalError(str(e), _write_crash_folder(args.reproducer_dir, argv, e,
+            raise InternalError(str(e), write_crash_folder(args.reproducer_dir, argv, e,
                                                             model)) from e
         t_passes = time.perf_counter()
 
@@ -205,7 +209,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         except Exception as e:
             raise InternalError(f"emitting for {target.name} with {emitter.name} failed: "
                                 f"{type(e).__name__}: {e}",
-                                _write_crash_folder(args.reproducer_dir, argv, e, model)) from e
+                                write_crash_folder(args.reproducer_dir, argv, e, model)) from e
     if not args.quiet:
         print_summary(console, report)
     return report
@@ -214,7 +218,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
 def _check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],
                           folder: str) -> str:
     """Crash folder for a failed check: command, IR, report.json and the candidate model files."""
-    crash = _write_crash_folder(args.reproducer_dir, argv, RuntimeError("numeric check failed"),
+    crash = write_crash_folder(args.reproducer_dir, argv, RuntimeError("numeric check failed"),
                                 model)
     write_report(crash, report)
     for name in os.listdir(folder):

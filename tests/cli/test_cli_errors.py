@@ -133,3 +133,22 @@ def test_success_replaces_existing_output_and_leaves_input(cli, conv_bn_model, t
     assert sorted(os.listdir(out)) == ["model.onnx", "report.json", "session.json"]
     assert sha256(conv_bn_model) == digest
     assert sorted(os.listdir(tmp_path)) == ["conv_bn.onnx", "out"]
+
+
+def test_bug_outside_passes_exits_3_with_traceback_in_reproducer(cli, conv_bn_model, tmp_path,
+                                                                 monkeypatch):
+    import passctl.tools.compile as compile_module
+
+    def broken_histogram(model):
+        raise KeyError("simulated bug in op_histogram")
+
+    monkeypatch.setattr(compile_module, "op_histogram", broken_histogram)
+    out = tmp_path / "out"
+    r = cli(conv_bn_model, "-o", out, "--reproducer-dir", tmp_path / "crash")
+    assert r.rc == 3
+    assert "Traceback" not in r.err
+    assert "passctl: internal error: KeyError: 'simulated bug in op_histogram'" in r.err
+    folder = Path(r.err.split("passctl: reproducer: ")[1].strip())
+    assert "simulated bug in op_histogram" in (folder / "traceback.txt").read_text()
+    assert str(conv_bn_model) in (folder / "command.sh").read_text()
+    assert not out.exists()
