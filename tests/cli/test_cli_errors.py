@@ -152,3 +152,11 @@ def test_bug_outside_passes_exits_3_with_traceback_in_reproducer(cli, conv_bn_mo
     assert "simulated bug in op_histogram" in (folder / "traceback.txt").read_text()
     assert str(conv_bn_model) in (folder / "command.sh").read_text()
     assert not out.exists()
+
+
+def test_output_folder_holding_the_input_is_refused(cli, conv_bn_model, tmp_path):
+    digest = sha256(conv_bn_model)
+    r = cli(conv_bn_model, "-o", tmp_path)
+    _assert_user_error(r, "contains the input model", "choose another -o")
+    assert sha256(conv_bn_model) == digest
+    assert sorted(os.listdir(tmp_path)) == ["conv_bn.onnx"]
