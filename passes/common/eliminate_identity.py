@@ -7,7 +7,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from passctl.ir import Graph, Model, Node, Value
+from passctl.ir import Graph, Model, Node
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.common.constants import constant_array, is_standard_op
 from passctl.passes.common.infer_shapes import merge_types

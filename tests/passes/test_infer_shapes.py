@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import onnx
 from helpers import apply, assert_same_outputs, parse
 
 from corpus import CORPUS
