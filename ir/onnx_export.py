@@ -325,6 +325,9 @@ class _Exporter:
                 p.name = name
             return
         _tensor_fields(t, p, t.name if name is None else name)
+        if t.dtype == DataType.STRING:  # no raw form: string_data
+            p.string_data.extend(_bytes(x) for x in t.numpy().reshape(-1))
+            return
         where = self.external.get(id(t))
         if where is not None:
             p.data_location = onnx.TensorProto.EXTERNAL
@@ -342,10 +345,8 @@ class _Exporter:
         """The TensorProto serialized without raw_data, and the raw length to append (-1: the
         header is the whole tensor, for tensors kept in typed fields)."""
         p = onnx.TensorProto()
-        src = t.source_proto
-        if src is not None:
-            p.CopyFrom(src)
-            p.name = name
+        if t.source_proto is not None or t.dtype == DataType.STRING:
+            _Exporter().tensor(t, p, name)
             return p.SerializeToString(), -1
         _tensor_fields(t, p, name)
         return p.SerializeToString(), t.nbytes

@@ -326,6 +326,41 @@ def test_reader_keeps_large_weights_out_of_the_proto(tmp_path):
     assert same_bytes(to_onnx(model), proto)
 
 
+def test_tensors_built_in_the_ir_export(tmp_path):
+    """Tensors made from numpy (strings, bf16, int4) export to the values they hold."""
+    from passctl.ir import Graph, Model, Node, Tensor, Value
+
+    strings = np.array([["a", "bé"], ["", "xyz"]], dtype=object)
+    bf16 = np.array([1.5, -2.25, 3.0], dtype=ml_dtypes.bfloat16)
+    int4 = np.array([-8, 7, 3], dtype=ml_dtypes.int4)
+    graph = Graph(name="built")
+    consts = [graph.add_constant(Tensor(strings, dtype=DataType.STRING), "s"),
+              graph.add_constant(Tensor(bf16), "bf"), graph.add_constant(Tensor(int4), "i4")]
+    outs = []
+    for c in consts:
+        node = Node("", "Identity", [c], outputs=[Value(c.name + "_out", type=c.type)])
+        graph.append(node)
+        outs.append(node.outputs[0])
+    graph.outputs.extend(outs)
+    model = Model(graph, {"": 21})
+    path = str(tmp_path / "built.onnx")
+    save(model, path)
+    for proto in (to_onnx(model), onnx.load(path)):
+        onnx.checker.check_model(proto, full_check=True)
+        got = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+        assert got["s"].tolist() == strings.tolist()
+        assert np.array_equal(got["bf"].view(np.uint16), bf16.view(np.uint16))
+        assert np.array_equal(got["i4"].astype(np.int8), int4.astype(np.int8))
+
+
+def test_from_onnx_leaves_the_proto_unchanged():
+    proto = _control_flow_model()
+    before = proto.SerializeToString(deterministic=True)
+    model = from_onnx(proto)
+    to_onnx(model)
+    assert proto.SerializeToString(deterministic=True) == before
+
+
 def test_initializer_that_is_also_an_input_stays_both():
     proto = _control_flow_model()
     proto.ir_version = 3
