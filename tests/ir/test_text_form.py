@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -377,3 +378,12 @@ def test_weights_paths_are_relative_to_the_text(tmp_path):
     (tmp_path / "m.pir").write_text(text)
     assert_structurally_equal(model, parse_file(str(tmp_path / "m.pir")))
     assert os.path.getsize(sub / "w.bin") >= 512
+
+
+def test_the_sample_in_the_docs_parses_and_prints_as_shown():
+    doc_path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "ir-text-form.md")
+    with open(doc_path) as f:
+        doc = f.read()
+    sample = re.search(r"```\n(model ir_version.*?)```", doc, re.S).group(1)
+    without_comments = "\n".join(line.split("  # ")[0] for line in sample.splitlines()) + "\n"
+    assert print_model(parse_model(sample, "sample.pir")) == without_comments
