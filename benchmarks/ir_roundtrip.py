@@ -161,7 +161,7 @@ def report(rows) -> None:
             table.add_column(h, justify="left" if h == "model" else "right")
         for line in lines:
             table.add_row(*line)
-        Console().print(table)
+        Console(width=max(160, Console().width)).print(table)
     else:
         print("\t".join(headers))
         for line in lines:

@@ -1,16 +1,15 @@
 """Split an ONNX file into a small skeleton proto and its initializers' raw bytes, read once each.
 
-``onnx.load`` holds the whole file and the parsed proto at once (2x the weights). Here the file is
-memory-mapped only to walk the protobuf wire format (keys and lengths); each large ``raw_data`` of a
-main-graph initializer is read with ``os.pread`` into its own ``bytes``, and everything else is
-parsed by protobuf as usual. Wire format: https://protobuf.dev/programming-guides/encoding/ (a
+``onnx.load`` holds the whole file and the parsed proto at once (2x the weights). Here the protobuf
+wire format is walked (keys and lengths, read through a small window with ``os.pread``; not a memory
+map, whose fault-around would count weight pages in the RSS); each large ``raw_data`` of a
+main-graph initializer is read into its own ``bytes``, and everything else is parsed by protobuf. Wire format: https://protobuf.dev/programming-guides/encoding/ (a
 message is a sequence of fields; concatenated encodings of a message merge, so the parts can be
 parsed separately).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from typing import List, Optional, Tuple
 
@@ -45,15 +44,39 @@ def split_model(path: str) -> Tuple[onnx.ModelProto, List[Optional[bytes]]]:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise Truncated("empty file")
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            return _Splitter(mm, f.fileno(), size).run()
-        finally:
-            mm.close()
+        return _Splitter(_Window(f.fileno(), size), f.fileno(), size).run()
+
+
+class _Window:
+    """Reads of a file through one cached window of :data:`WINDOW` bytes (``os.pread``)."""
+
+    WINDOW = 1 << 16
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+        self.base = 0
+        self.buf = b""
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            a, b = key.start, key.stop
+            if self.base <= a and b <= self.base + len(self.buf):
+                return self.buf[a - self.base:b - self.base]
+            data = os.pread(self.fd, b - a, a)
+            if len(data) != b - a:
+                raise Truncated(f"short read at byte {a}")
+            return data
+        i = key - self.base
+        if not 0 <= i < len(self.buf):
+            self.base, self.buf = key, os.pread(self.fd, self.WINDOW, key)
+            if not self.buf:
+                raise Truncated(f"file ends at byte {key}")
+            i = 0
+        return self.buf[i]
 
 
 class _Splitter:
-    def __init__(self, mm: mmap.mmap, fd: int, size: int):
+    def __init__(self, mm: _Window, fd: int, size: int):
         self.mm, self.fd, self.size = mm, fd, size
         self.model_parts: List[bytes] = []
         self.graph_parts: List[bytes] = []
