@@ -82,8 +82,8 @@ class _Comparer:
                       "domain", "model_version", "doc_string", "metadata_props", "extra"):
             _check(getattr(a, field) == getattr(b, field), "model", field, getattr(a, field),
                    getattr(b, field))
-        _check(list(a.functions) == list(b.functions), "model", "functions",
-               list(a.functions), list(b.functions))
+        _check(sorted(a.functions) == sorted(b.functions), "model", "functions",
+               sorted(a.functions), sorted(b.functions))
         for key, fa in a.functions.items():
             fb = b.functions[key]
             where = f"function {key[0]}::{key[1]}"
@@ -91,12 +91,12 @@ class _Comparer:
                 _check(getattr(fa, field) == getattr(fb, field), where, field,
                        getattr(fa, field), getattr(fb, field))
             self.attrs(fa.attribute_defaults, fb.attribute_defaults, where + " defaults")
-            self.graph(fa.graph, fb.graph, where)
+            self.graph(fa.graph, fb.graph, where, name=False)  # a function body has no name
         self.graph(a.graph, b.graph, f"graph '{a.graph.name}'")
 
     # -- graph ----------------------------------------------------------------------------------
-    def graph(self, a: Graph, b: Graph, where: str) -> None:
-        if self.node_names:
+    def graph(self, a: Graph, b: Graph, where: str, name: bool = True) -> None:
+        if self.node_names and name:
             _check(a.name == b.name, where, "graph name", a.name, b.name)
         for field in ("doc_string", "metadata_props"):
             _check(getattr(a, field) == getattr(b, field), where, field, getattr(a, field),

@@ -139,7 +139,7 @@ def every_kind_model() -> Model:
     g.append(call)
     g.outputs.extend([e1, call.outputs[0], dup2, a])
 
-    body = Graph([Value("fx")], name="MyFn")
+    body = Graph([Value("fx")], name="body_graph")  # a function body has no name in ONNX
     fy = Value("fy")
     body.append(Node("", "LeakyRelu", [body.inputs[0]],
                      [Attr("alpha", AttrType.FLOAT, None, ref_attr_name="alpha")],
