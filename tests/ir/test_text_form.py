@@ -387,3 +387,13 @@ def test_the_sample_in_the_docs_parses_and_prints_as_shown():
     sample = re.search(r"```\n(model ir_version.*?)```", doc, re.S).group(1)
     without_comments = "\n".join(line.split("  # ")[0] for line in sample.splitlines()) + "\n"
     assert print_model(parse_model(sample, "sample.pir")) == without_comments
+
+
+def test_equality_ignores_value_names_and_initializer_order():
+    renamed = (GOLDEN_MLP.replace("%w", "%weight").replace("%hb", "%t1").replace("%h", "%t0")
+               .replace("%x", "%input"))
+    lines = renamed.splitlines(keepends=True)
+    reordered = "".join(lines[:2] + [lines[3], lines[2]] + lines[4:])  # %b before %weight
+    assert structural_diff(small_mlp(), parse_model(reordered)) is None
+    swapped_data = reordered.replace("dense<0.1, -0.1>", "dense<0.1, -0.2>")
+    assert "initializer" in structural_diff(small_mlp(), parse_model(swapped_data))
