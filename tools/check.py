@@ -107,9 +107,11 @@ class OutputDiff:
     dtype: str = ""
     problem: Optional[str] = None
 
-    def ok(self, rtol: float = DEFAULT_RTOL) -> bool:
-        """``True`` when there is no ``problem``, no non-finite mismatch and ``max_rel <= rtol``."""
-        return self.problem is None and self.nonfinite_mismatch == 0 and self.max_rel <= rtol
+    def ok(self, rtol: float = DEFAULT_RTOL, atol: float = 0.0) -> bool:
+        """``True`` when there is no ``problem``, no non-finite mismatch and ``max_rel <= rtol``
+        or ``max_abs <= atol`` (a floor for outputs whose values are all near zero)."""
+        return (self.problem is None and self.nonfinite_mismatch == 0
+                and (self.max_rel <= rtol or self.max_abs <= atol))
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready fields (for ``report.json``); infinities and NaN become strings."""
@@ -128,9 +130,9 @@ class CheckResult:
     outputs: Dict[str, OutputDiff] = field(default_factory=dict)
     extra: List[str] = field(default_factory=list)
 
-    def ok(self, rtol: float = DEFAULT_RTOL) -> bool:
+    def ok(self, rtol: float = DEFAULT_RTOL, atol: float = 0.0) -> bool:
         """``True`` when every output is :meth:`OutputDiff.ok` and there are no extra outputs."""
-        return not self.extra and all(diff.ok(rtol) for diff in self.outputs.values())
+        return not self.extra and all(diff.ok(rtol, atol) for diff in self.outputs.values())
 
     @property
     def max_rel(self) -> float:
@@ -141,7 +143,7 @@ class CheckResult:
             worst = max(worst, math.inf if bad else diff.max_rel)
         return worst
 
-    def failures(self, rtol: float = DEFAULT_RTOL) -> List[str]:
+    def failures(self, rtol: float = DEFAULT_RTOL, atol: float = 0.0) -> List[str]:
         """One line per failing output, e.g. ``"logits: max_rel 3.1e-02 > 1e-04"``."""
         lines = [f"{name}: extra output not in the reference" for name in self.extra]
         for diff in self.outputs.values():
@@ -149,7 +151,7 @@ class CheckResult:
                 lines.append(f"{diff.name}: {diff.problem}")
             elif diff.nonfinite_mismatch:
                 lines.append(f"{diff.name}: {diff.nonfinite_mismatch} NaN/inf positions differ")
-            elif diff.max_rel > rtol:
+            elif not diff.ok(rtol, atol):
                 lines.append(f"{diff.name}: max_rel {diff.max_rel:.3g} > {rtol:g} "
                              f"(max_abs {diff.max_abs:.3g}, cosine {diff.cosine:.6f})")
         return lines

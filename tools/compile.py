@@ -236,34 +236,23 @@ def _check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],
     return crash
 
 
-def _output_ok(diff, rtol: float, atol: float) -> bool:
-    """An output passes when it has no problem or NaN/inf mismatch and its ``max_rel <= rtol`` or
-    its ``max_abs <= atol`` (the floor for outputs whose values are all near zero)."""
-    if diff.problem is not None or diff.nonfinite_mismatch:
-        return False
-    return diff.max_rel <= rtol or diff.max_abs <= atol
-
-
 def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[str, Any]:
     """The numeric check's report entry: inputs used, per-output errors, worst errors, ``ok``.
 
     Uses :mod:`passctl.tools.check` (ONNX Runtime, graph optimizations off, on both models) on
-    seeded inputs from ``make_inputs``; an output passes per :func:`_output_ok`.
+    seeded inputs from ``make_inputs``; an output passes when ``OutputDiff.ok(rtol, atol)``.
     """
     from passctl.tools.check import compare, make_inputs, run_onnxruntime
 
     inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
     result = compare(run_onnxruntime(reference, inputs), run_onnxruntime(candidate, inputs))
     entry = result.to_dict(args.rtol)
-    lines = result.failures(args.rtol)  # one line per output over rtol, extra outputs first
-    failures = [line for line in lines if line.endswith("extra output not in the reference")]
     for diff, item in zip(result.outputs.values(), entry["outputs"]):
-        item["ok"] = _output_ok(diff, args.rtol, args.atol)
-        if not item["ok"]:
-            failures += [line for line in lines if line.startswith(f"{diff.name}:")]
+        item["ok"] = diff.ok(args.rtol, args.atol)
+    failures = result.failures(args.rtol, args.atol)
     finite = [o for o in result.outputs.values() if o.problem is None]
     entry.update(
-        ok=not failures, atol=args.atol, seed=args.seed, dims=dims, overridden=sorted(overrides),
+        ok=result.ok(args.rtol, args.atol), atol=args.atol, seed=args.seed, dims=dims, overridden=sorted(overrides),
         inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)} for k, v in inputs.items()],
         max_abs=max((o.max_abs for o in finite), default=0.0),
         max_rel=result.max_rel if result.max_rel != float("inf") else "inf",
