@@ -9,7 +9,10 @@ from typing import Dict, List, Optional
 DEFAULT_TARGET = "cpu"
 
 CLEANUP: List[str] = [
-    # NOTE: eliminate-identity first: Identity nodes hide constant inputs from fold-constants and make
+    # NOTE: infer-shapes first: fold-constants can fold Shape (and Slice/Gather of Shape) only where the
+    # input's shape is known, and models often declare none for intermediate values.
+    "infer-shapes",
+    # NOTE: eliminate-identity next: Identity nodes hide constant inputs from fold-constants and make
     # equal expressions look different to cse.
     "eliminate-identity",
     # NOTE: fold-constants before cse: folding turns subgraphs into initializers, and cse then merges

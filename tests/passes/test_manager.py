@@ -204,7 +204,7 @@ def test_real_pipeline_numerics():
 
     model = from_onnx(proto)
     result = PassManager(build_pipeline("cleanup")).run(model)
-    assert [r.name for r in result.records] == ["eliminate-identity", "fold-constants", "cse", "dce"]
+    assert [r.name for r in result.records] == ["infer-shapes", "eliminate-identity", "fold-constants", "cse", "dce"]
     out = to_onnx(model)
     assert [n.op_type for n in out.graph.node] == ["Mul", "Add"]
     x = np.arange(6, dtype=np.float32).reshape(2, 3)

@@ -60,10 +60,10 @@ def test_names_and_typed_options(typed_pass):
 
 def test_build_and_format_round_trip(typed_pass):
     passes = build_pipeline("cleanup,typed{dtype=bf16,budget=0.001}")
-    assert [p.name for p in passes] == ["eliminate-identity", "fold-constants", "cse", "dce", "typed"]
+    assert [p.name for p in passes] == ["infer-shapes", "eliminate-identity", "fold-constants", "cse", "dce", "typed"]
     assert passes[-1].options == _Opts(dtype=Precision.BF16, budget=0.001)
     text = format_pipeline(passes)
-    assert text == "eliminate-identity,fold-constants,cse,dce,typed{dtype=bf16,budget=0.001}"
+    assert text == "infer-shapes,eliminate-identity,fold-constants,cse,dce,typed{dtype=bf16,budget=0.001}"
     again = build_pipeline(text)
     assert [p.options for p in again] == [p.options for p in passes]
 
@@ -108,7 +108,8 @@ def test_errors_name_column_and_expectation(typed_pass, text, column, message):
 def test_alias_options_go_to_the_passes_that_declare_them():
     specs = expand_specs(parse_pipeline("cleanup{size_limit=10}"))
     assert [(s.name, s.options) for s in specs] == [
-        ("eliminate-identity", {}), ("fold-constants", {"size_limit": 10}), ("cse", {}), ("dce", {})]
+        ("infer-shapes", {}), ("eliminate-identity", {}), ("fold-constants", {"size_limit": 10}),
+        ("cse", {}), ("dce", {})]
 
 
 def test_missing_required_option_is_a_user_error():

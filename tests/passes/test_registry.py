@@ -64,10 +64,10 @@ def test_unknown_name_suggests_closest():
 
 
 def test_cleanup_alias_expands_in_order():
-    assert expand_alias("cleanup") == CLEANUP == ["eliminate-identity", "fold-constants", "cse", "dce"]
+    assert expand_alias("cleanup") == CLEANUP == ["infer-shapes", "eliminate-identity", "fold-constants", "cse", "dce"]
     assert expand_alias("cleanup", "a10") == CLEANUP  # targets without their own list use cpu's
-    assert expand_names(["infer-shapes", "cleanup", "fuse-conv-bn"]) == [
-        "infer-shapes", "eliminate-identity", "fold-constants", "cse", "dce", "fuse-conv-bn"]
+    assert expand_names(["dce", "cleanup", "fuse-conv-bn"]) == [
+        "dce", "infer-shapes", "eliminate-identity", "fold-constants", "cse", "dce", "fuse-conv-bn"]
 
 
 @pytest.mark.parametrize("alias,feature", [
