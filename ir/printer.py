@@ -46,7 +46,9 @@ def print_model(model: Model, weights_path: Optional[str] = None, inline_limit: 
         The text, ending with a newline. Printing the same model twice gives the same text.
 
     Raises:
-        OSError: the weights file cannot be written.
+        OSError: the weights file cannot be written (it is written, possibly empty, whenever
+            ``weights_path`` is given).
+        TypeError: a value type or attribute kind that has no text form (not an ONNX one).
     """
     if text_dir is None and weights_path is not None:
         text_dir = os.path.dirname(os.path.abspath(weights_path))
@@ -62,6 +64,7 @@ def print_model(model: Model, weights_path: Optional[str] = None, inline_limit: 
         raise
     if weights is not None:
         weights.commit()
+        logger.debug("wrote %d bytes of constants to %s", weights.offset, weights.path)
     return text
 
 
