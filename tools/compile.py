@@ -158,7 +158,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         progress.update("loaded", advance=1)
         t_loaded = time.perf_counter()
 
-        instruments = build_instruments(args, argv, reference, dims, overrides) + [
+        instruments = build_instruments(args, reference, dims, overrides) + [
             _ProgressInstrument(progress)]
         manager = PassManager(passes, verify_each=args.verify_each, instruments=instruments)
         try:

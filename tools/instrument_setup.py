@@ -22,7 +22,7 @@ def default_reproducer_dir() -> str:
                         f"passctl-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
 
 
-def build_instruments(args, argv: List[str], reference: str, dims: Dict[str, int],
+def build_instruments(args, reference: str, dims: Dict[str, int],
                       overrides: Dict[str, Any]) -> List[Any]:
     """The instruments for parsed compile ``args``.
 
@@ -33,7 +33,6 @@ def build_instruments(args, argv: List[str], reference: str, dims: Dict[str, int
 
     Args:
         args: the parsed ``compile`` arguments.
-        argv: the command line (unused by the instruments, kept for symmetry with the reproducer).
         reference: path of the original model as ONNX (for ``--check-each``).
         dims: ``--dim`` sizes of symbolic input dimensions.
         overrides: ``--inputs`` arrays by input name.

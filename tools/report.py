@@ -80,7 +80,7 @@ def print_summary(console, report: Dict[str, Any]) -> None:
     nodes = report["nodes"]
     console.print(f"nodes: {nodes['before']} -> {nodes['after']}")
     check = report.get("check")
-    if check is not None:
+    if check is not None and check["outputs"]:
         worst = max(check["outputs"], key=lambda o: float(o["max_rel"]))
         console.print(f"check: max abs error {_fmt_err(check['max_abs'])}, max rel error "
                       f"{_fmt_err(check['max_rel'])} (worst output '{worst['name']}') on "
