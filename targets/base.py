@@ -1,4 +1,4 @@
-"""The emitter interface (IR model -> artifact folder), the emitter registry and atomic output folders."""
+"""The emitter interface (IR model -> artifact folder), emitter registry, atomic output folders."""
 
 from __future__ import annotations
 

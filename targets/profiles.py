@@ -25,10 +25,10 @@ class TargetProfile:
             sm_86), or None for the CPU.
         memory_bytes: device memory as marketed (decimal gigabytes, e.g. 24 GB = 24e9 bytes); None
             for the CPU, whose memory is the host's.
-        fast_dtypes: reduced-precision dtypes with tensor-core fast paths on this device, a subset of
-            :data:`FAST_DTYPES` (NVIDIA architecture whitepapers: Turing adds fp16/int8 tensor cores,
-            Ampere adds tf32/bf16, Ada and Hopper add fp8). Empty for the CPU: passctl claims nothing
-            about the host's instruction set.
+        fast_dtypes: reduced-precision dtypes with tensor-core fast paths on this device, a
+            subset of :data:`FAST_DTYPES` (NVIDIA architecture whitepapers: Turing adds fp16/int8
+            tensor cores, Ampere adds tf32/bf16, Ada and Hopper add fp8). Empty for the CPU:
+            passctl claims nothing about the host's instruction set.
         default_emitter: the emitter used without ``--emit`` (``"onnxruntime"`` until the TVM and
             TensorRT emitters exist).
         ort_providers: ONNX Runtime execution providers in priority order, CPU last as fallback.

@@ -1,4 +1,4 @@
-"""The ``passctl`` command line: compile (the default), show, verify, explain, list-passes, list-targets."""
+"""The ``passctl`` command line: compile (default), show, verify, explain, list-passes, -targets."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def _add_compile_args(p: argparse.ArgumentParser) -> None:
                    help="size of a symbolic input dimension for the check (repeatable)")
     p.add_argument("--inputs", metavar="FILE.npz",
                    help="arrays by input name to use instead of random ones in the check")
-    p.add_argument("--dump-ir", metavar="DIR", help="write NNN_<pass>.pir and .onnx after each pass")
+    p.add_argument("--dump-ir", metavar="DIR",
+                   help="write NNN_<pass>.pir and .onnx after each pass")
     p.add_argument("--timing", action="store_true", help="print a pass timing table")
     p.add_argument("--verify-each", action="store_true", help="run the verifier after each pass")
     p.add_argument("--load", action="append", default=[], metavar="FILE.py",
@@ -80,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"passctl {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    _add_compile_args(sub.add_parser("compile", help="run a pipeline and emit an artifact (default)"))
+    _add_compile_args(sub.add_parser("compile",
+                                     help="run a pipeline and emit an artifact (default)"))
     show = sub.add_parser("show", help="print a model as IR text (parses back)")
     show.add_argument("model")
     show.add_argument("--weights", metavar="FILE",

@@ -1,4 +1,4 @@
-"""``passctl compile``: load a model, run a pipeline, emit for a target, check, write report.json."""
+"""``passctl compile``: load, run a pipeline, emit for a target, check, write report.json."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class _ProgressInstrument:
 
 
 def _reference_model(model, path: str, workdir: str) -> str:
-    """An ONNX file of the original model for the numeric check: the input itself when it is ONNX."""
+    """An ONNX file of the original model for the numeric check (the input itself when ONNX)."""
     if not path.endswith(IR_TEXT_SUFFIX):
         return path
     from passctl.ir.onnx_export import save
@@ -252,8 +252,10 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     failures = result.failures(args.rtol, args.atol)
     finite = [o for o in result.outputs.values() if o.problem is None]
     entry.update(
-        ok=result.ok(args.rtol, args.atol), atol=args.atol, seed=args.seed, dims=dims, overridden=sorted(overrides),
-        inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)} for k, v in inputs.items()],
+        ok=result.ok(args.rtol, args.atol), atol=args.atol, seed=args.seed, dims=dims,
+        overridden=sorted(overrides),
+        inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)}
+                for k, v in inputs.items()],
         max_abs=max((o.max_abs for o in finite), default=0.0),
         max_rel=result.max_rel if result.max_rel != float("inf") else "inf",
         failures=failures)

@@ -1,4 +1,4 @@
-"""Turn the compile command's debugging options into pass-manager instruments (passctl.passes.instruments)."""
+"""The compile command's debugging options as pass-manager instruments (passes/instruments.py)."""
 
 from __future__ import annotations
 

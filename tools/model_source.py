@@ -1,4 +1,4 @@
-"""Resolve and load the CLI's MODEL argument: an .onnx file, IR text (.pir), or package:relative/path."""
+"""The CLI's MODEL argument: an .onnx file, IR text (.pir), or package:relative/path."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def resolve_model_path(spec: str) -> str:
         return spec
     m = _PACKAGE_SPEC.match(spec)
     if m is None:
-        raise UserError(f"model file '{spec}' not found; give the path of an .onnx or .pir file, or "
-                        "package:relative/path for a file inside an installed package")
+        raise UserError(f"model file '{spec}' not found; give the path of an .onnx or .pir "
+                        "file, or package:relative/path for a file inside an installed package")
     package, rel = m.group(1), m.group(2)
     try:
         found = importlib.util.find_spec(package)

@@ -1,4 +1,4 @@
-"""report.json (schema in docs/report-schema.md), the terminal summary, and a progress bar that waits a second."""
+"""report.json (docs/report-schema.md), the terminal summary, a progress bar that waits a second."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import collections
 import json
 import os
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from passctl.ir import Graph, Model
 
@@ -21,7 +21,7 @@ def op_histogram(model: Model) -> Dict[str, int]:
     Keys are ``Node.qualified_op`` (``"Conv"``, ``"com.microsoft::FusedConv"``); sorted by count,
     most frequent first, then by name.
     """
-    counts: collections.Counter = collections.Counter(n.qualified_op for n in model.graph.all_nodes())
+    counts = collections.Counter(n.qualified_op for n in model.graph.all_nodes())
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -31,7 +31,7 @@ def count_nodes(graph: Graph) -> int:
 
 
 def write_report(folder: str, report: Dict[str, Any]) -> str:
-    """Write ``report`` as ``folder/report.json`` (indented, keys in insertion order); return its path."""
+    """Write ``report`` as ``folder/report.json`` (indented, keys in order); return its path."""
     path = os.path.join(folder, REPORT_FILE)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -85,7 +85,8 @@ def print_summary(console, report: Dict[str, Any]) -> None:
         console.print(f"check: max abs error {_fmt_err(check['max_abs'])}, max rel error "
                       f"{_fmt_err(check['max_rel'])} (worst output '{worst['name']}') on "
                       f"{len(check['inputs'])} seeded input(s), seed {check['seed']}")
-    console.print(f"time: {report['timing']['total_s']:.2f} s; artifact: {report['artifact']['path']}")
+    console.print(f"time: {report['timing']['total_s']:.2f} s; "
+                  f"artifact: {report['artifact']['path']}")
 
 
 class DelayedProgress:

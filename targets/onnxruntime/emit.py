@@ -1,4 +1,4 @@
-"""Write an ONNX Runtime artifact (model.onnx, external data when large, session.json) and prove it loads."""
+"""ONNX Runtime emitter: model.onnx (+ external data), session.json, and a load test."""
 
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ def create_session(folder: str, providers: Optional[Sequence[str]] = None):
     with open(os.path.join(folder, SESSION_FILE)) as f:
         cfg = json.load(f)
     so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, cfg["graph_optimization_level"])
+    level = cfg["graph_optimization_level"]
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     so.intra_op_num_threads = int(cfg["intra_op_num_threads"])
     available = set(ort.get_available_providers())
     chosen = [(n, o) for n, o in cfg["execution_providers"]

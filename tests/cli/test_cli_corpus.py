@@ -1,4 +1,4 @@
-"""Every corpus model through ``passctl MODEL --pipeline cleanup,fuse-conv-bn --target cpu --check``."""
+"""Every corpus model through ``passctl MODEL --pipeline cleanup,fuse-conv-bn --check``."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Exit codes: 2 with one line for user errors, 3 with a reproducer for a crashing pass; no OUT then."""
+"""Exit codes: 2 and one line for user errors, 3 and a reproducer for crashes; no OUT then."""
 
 import os
 import subprocess

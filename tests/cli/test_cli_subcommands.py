@@ -1,4 +1,4 @@
-"""passctl show / verify / list-passes / list-targets / --help, and compiling from IR text (.pir)."""
+"""passctl show / verify / list-passes / list-targets / --help; compiling IR text (.pir)."""
 
 import dataclasses
 import json

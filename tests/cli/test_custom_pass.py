@@ -24,7 +24,8 @@ def test_doc_shows_the_example_file_verbatim_in_under_30_lines():
 def _ort(path_or_bytes, feeds):
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(path_or_bytes, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    sess = ort.InferenceSession(path_or_bytes, so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
 
 
 def test_example_rule_on_ppocr_cls(cli, tmp_path):

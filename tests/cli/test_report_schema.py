@@ -1,4 +1,4 @@
-"""docs/report-schema.md documents every key a full report.json has, and the values are consistent."""
+"""docs/report-schema.md documents every key of a full report.json; values are consistent."""
 
 import json
 import re

@@ -1,4 +1,4 @@
-"""The ONNX Runtime emitter: files, session.json per target, external data, atomic output, load check."""
+"""ONNX Runtime emitter: files, session.json per target, external data, atomic output, load test."""
 
 import json
 import os
