@@ -1,4 +1,4 @@
-"""The ``passctl`` command line: compile (default), show, verify, explain, list-passes, -targets."""
+"""The ``passctl`` command line: compile (default), show, verify, explain, list-passes/-targets."""
 
 from __future__ import annotations
 
