@@ -160,3 +160,12 @@ def test_output_folder_holding_the_input_is_refused(cli, conv_bn_model, tmp_path
     _assert_user_error(r, "contains the input model", "choose another -o")
     assert sha256(conv_bn_model) == digest
     assert sorted(os.listdir(tmp_path)) == ["conv_bn.onnx"]
+
+
+def test_ir_text_parse_error_names_file_line_column(cli, tmp_path):
+    pir = tmp_path / "broken.pir"
+    pir.write_text("model ir_version 8 opset {\"\": 17} {\n  graph @g(%x: f32[2]) -> (f32[2]) {\n"
+                   "    %y = Relu(%x\n    return %y\n  }\n}\n")
+    r = cli(pir, "-o", tmp_path / "out")
+    _assert_user_error(r, f"{pir}:4:5: expected ',' or ')'")
+    assert not (tmp_path / "out").exists()
