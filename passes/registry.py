@@ -28,6 +28,13 @@ _builtin_modules: List[str] = [
     "passctl.passes.common.cse",
     "passctl.passes.common.dce",
     "passctl.passes.fusion.fold_batchnorm",
+    "passctl.passes.fusion.conv_activation",
+    # Normalization / activation fusion families and target lowering (issue 4, H8).
+    "passctl.passes.fusion.layernorm",
+    "passctl.passes.fusion.gelu",
+    "passctl.passes.fusion.activations",
+    "passctl.passes.fusion.lower_onnxruntime",
+    "passctl.passes.fusion.lower_standard",
 ]
 
 _PASSES: Dict[str, Type[Pass]] = {}
