@@ -14,12 +14,15 @@ from passctl.ir._core import Attr, AttrType, Function, Graph, Model, Node, Value
 from passctl.ir._tensor import ExternalLocation, Tensor
 from passctl.ir._types import DataType, Shape, TensorType, type_to_proto
 from passctl.ir.onnx_import import INITIALIZER_VALUE_INFO, PROVENANCE_KEY, default_provenance
-from passctl.ir.onnx_stream import write_initializers, write_raw
+from passctl.ir.onnx_stream import (Chunk, field_chunks, tensor_chunks, write_graph_tail,
+                                    write_raw)
 
 logger = logging.getLogger(__name__)
 
 # Above this many weight bytes, save() writes external data by default (protobuf's limit is 2 GiB).
 EXTERNAL_DEFAULT_BYTES = int(1.8e9)
+# Smaller raw data is encoded with the rest of the proto instead of being streamed.
+_STREAM_MIN_BYTES = 256
 
 
 def to_onnx(model: Model) -> onnx.ModelProto:
@@ -68,12 +71,13 @@ def save(model: Model, path: str, external_data: Optional[bool] = None, size_thr
     if total >= 2 ** 31:
         raise ValueError(f"{path}: {total} bytes of weights cannot be embedded in one protobuf "
                          "(2 GiB limit); save with external_data=True")
-    skeleton = _Exporter(stream_main=True).model(model)
-    items = [(v.const, *_Exporter.tensor_header(v.const, v.name)) for v in model.graph.initializers.values()]
+    exporter = _Exporter(stream_main=True)
+    skeleton = exporter.model(model)
+    tail = exporter.main_graph_chunks(model.graph)
 
     def write(f):
         f.write(skeleton.SerializeToString())
-        write_initializers(f, items)
+        write_graph_tail(f, tail)
     _write_atomic(path, write)
 
 
@@ -168,8 +172,9 @@ def _all_tensors(model: Model) -> Iterator[Tensor]:
 
 # -- proto building -----------------------------------------------------------------------------
 class _Exporter:
-    """Builds the protos. ``stream_main``: leave the main graph's initializers out (save() streams
-    them); ``external``: id(tensor) -> (offset, length) in the data file ``location``."""
+    """Builds the protos. ``stream_main``: leave the main graph's nodes and initializers out
+    (save() streams them, see :meth:`main_graph_chunks`); ``external``: id(tensor) -> (offset,
+    length) in the data file ``location``."""
 
     def __init__(self, stream_main: bool = False, external: Optional[Dict] = None,
                  location: str = ""):
@@ -229,8 +234,8 @@ class _Exporter:
         if not (main and self.stream_main):
             for v in g.initializers.values():
                 self.tensor(v.const, p.initializer.add(), v.name)
-        for i, n in enumerate(g):
-            self.node(n, i, p.node.add())
+            for i, n in enumerate(g):
+                self.node(n, i, p.node.add())
         outputs = set()
         for v in g.outputs:
             self.value_info(v, p.output.add())
@@ -254,7 +259,43 @@ class _Exporter:
             for b in items:
                 target.add().ParseFromString(b)
 
-    def node(self, n: Node, index: int, p: onnx.NodeProto) -> None:
+    def main_graph_chunks(self, g: Graph) -> List[Chunk]:
+        """The main graph's nodes and initializers as GraphProto fields, in chunks: encoded bytes,
+        and Tensors for large raw data (initializers, tensor attributes such as Constant values),
+        written from where they are without a second copy in memory."""
+        body: List[Chunk] = []
+        for i, n in enumerate(g):
+            body += field_chunks(1, self._node_chunks(n, i))
+        for v in g.initializers.values():
+            body += field_chunks(5, self._tensor_chunks(v.const, v.name))
+        return body
+
+    def _node_chunks(self, n: Node, index: int) -> List[Chunk]:
+        p = onnx.NodeProto()
+        self.node(n, index, p, attributes=False)
+        chunks: List[Chunk] = [p.SerializeToString()]
+        for a in n.attributes.values():
+            ap = onnx.AttributeProto()
+            if a.type == AttrType.TENSOR and not a.ref_attr_name and _streamable(a.value):
+                ap.name, ap.type = a.name, int(a.type)
+                if a.doc_string:
+                    ap.doc_string = a.doc_string
+                body = [ap.SerializeToString()] + field_chunks(5, self._tensor_chunks(a.value))
+            else:
+                self.attr(a, ap)
+                body = [ap.SerializeToString()]
+            chunks += field_chunks(5, body)
+        return chunks
+
+    def _tensor_chunks(self, t: Tensor, name: Optional[str] = None) -> List[Chunk]:
+        p = onnx.TensorProto()
+        if not _streamable(t):
+            self.tensor(t, p, name)
+            return [p.SerializeToString()]
+        _tensor_fields(t, p, t.name if name is None else name)
+        return tensor_chunks(p.SerializeToString(), t)
+
+    def node(self, n: Node, index: int, p: onnx.NodeProto, attributes: bool = True) -> None:
         p.input.extend("" if v is None else self.name(v) for v in n.inputs)
         p.output.extend(self.name(v) for v in n.outputs)
         if n.name:
@@ -264,8 +305,9 @@ class _Exporter:
             p.domain = n.domain
         if n.overload:
             p.overload = n.overload
-        for a in n.attributes.values():
-            self.attr(a, p.attribute.add())
+        if attributes:
+            for a in n.attributes.values():
+                self.attr(a, p.attribute.add())
         if n.doc_string:
             p.doc_string = n.doc_string
         meta = dict(n.metadata_props)
@@ -340,17 +382,6 @@ class _Exporter:
         else:
             p.raw_data = _raw_bytes(t)
 
-    @staticmethod
-    def tensor_header(t: Tensor, name: str) -> Tuple[bytes, int]:
-        """The TensorProto serialized without raw_data, and the raw length to append (-1: the
-        header is the whole tensor, for tensors kept in typed fields)."""
-        p = onnx.TensorProto()
-        if t.source_proto is not None or t.dtype == DataType.STRING:
-            _Exporter().tensor(t, p, name)
-            return p.SerializeToString(), -1
-        _tensor_fields(t, p, name)
-        return p.SerializeToString(), t.nbytes
-
     def value_info(self, v: Value, p: onnx.ValueInfoProto) -> None:
         p.name = self.name(v)
         if v.type is not None:
@@ -368,6 +399,12 @@ class _Exporter:
                 return ""  # an omitted optional output
             got = self.names[v] = f"_passctl_unnamed_{len(self.names)}"
         return got
+
+
+def _streamable(t: Optional[Tensor]) -> bool:
+    """A tensor whose raw bytes save() writes straight from where they are held."""
+    return (t is not None and t.source_proto is None and t.dtype != DataType.STRING
+            and t.nbytes >= _STREAM_MIN_BYTES)
 
 
 def _tensor_fields(t: Tensor, p: onnx.TensorProto, name: str) -> None:

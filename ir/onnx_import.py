@@ -14,6 +14,7 @@ from passctl.ir._tensor import Tensor
 from passctl.ir._types import type_from_proto
 from passctl.ir.errors import ModelLoadError
 from passctl.ir.onnx_reader import read_model_file
+from passctl.ir.onnx_split import Split
 
 logger = logging.getLogger(__name__)
 
@@ -97,12 +98,11 @@ class _Scope:
 
 
 class _Importer:
-    def __init__(self, base_dir: str, consume: bool, raw: Optional[List] = None):
+    def __init__(self, base_dir: str, consume: bool, raw: Optional[Split] = None):
         self.base_dir = base_dir
         self.consume = consume
-        # raw_data of the main graph's initializers read apart from the proto by onnx_split (bytes;
-        # None where the proto keeps its data), by initializer index.
-        self.raw = raw or []
+        # raw_data of the main graph's tensors read apart from the proto by onnx_split.
+        self.raw = raw or Split()
 
     # -- model ----------------------------------------------------------------------------------
     def model(self, p: onnx.ModelProto) -> Model:
@@ -137,7 +137,9 @@ class _Importer:
         return fn
 
     # -- graph ----------------------------------------------------------------------------------
-    def graph(self, gp: onnx.GraphProto, parent: Optional[_Scope], raw=()) -> Graph:
+    def graph(self, gp: onnx.GraphProto, parent: Optional[_Scope], raw: Optional[Split] = None
+              ) -> Graph:
+        raw = raw or Split()
         scope = _Scope(parent)
         g = Graph(name=gp.name, doc_string=gp.doc_string)
         g.metadata_props = {e.key: e.value for e in gp.metadata_props}
@@ -147,7 +149,7 @@ class _Importer:
             g.add_input(v)
         infos = {vi.name: vi for vi in gp.value_info}
         for i, tp in enumerate(gp.initializer):
-            tensor = self.tensor(tp, raw[i] if i < len(raw) else None)
+            tensor = self.tensor(tp, raw.initializers[i] if i < len(raw.initializers) else None)
             v = scope.names.get(tp.name)
             if v is None or v.graph is not g or v.const is not None:
                 v = self._new(scope, tp.name)
@@ -156,7 +158,7 @@ class _Importer:
                     self._set_info(v, vi)
             v.const = tensor
             g.add_initializer(v)
-        self._nodes(g, gp.node, scope)
+        self._nodes(g, gp.node, scope, raw)
         self._apply_value_info(scope, infos)
         for vi in gp.output:  # an output's declared type wins over a value_info entry
             v = scope.lookup(vi.name)
@@ -173,17 +175,18 @@ class _Importer:
                 g.extra[field] = [x.SerializeToString() for x in items]
         return g
 
-    def _nodes(self, g: Graph, nodes, scope: _Scope) -> None:
+    def _nodes(self, g: Graph, nodes, scope: _Scope, raw: Optional[Split] = None) -> None:
         # Create every output first, so a graph whose nodes are not in topological order (or a
         # subgraph reading a value defined later in the outer graph) still resolves.
         for np_ in nodes:
             for name in np_.output:
                 if name and name not in scope.names:
                     scope.names[name] = Value(name)
+        raws = raw.node_attributes if raw is not None else {}
         for index, np_ in enumerate(nodes):
-            g.append(self.node(np_, index, scope))
+            g.append(self.node(np_, index, scope, raws))
 
-    def node(self, np_: onnx.NodeProto, index: int, scope: _Scope) -> Node:
+    def node(self, np_: onnx.NodeProto, index: int, scope: _Scope, raws=None) -> Node:
         inputs = [scope.lookup(n) if n else None for n in np_.input]
         outputs = []
         for name in np_.output:
@@ -191,7 +194,8 @@ class _Importer:
             if v is None or v.producer is not None or v.graph is not None:
                 v = Value(name)  # omitted output, or a name defined twice (invalid model)
             outputs.append(v)
-        attrs = [self.attr(a, scope) for a in np_.attribute]
+        attrs = [self.attr(a, scope, raws.get((index, i)) if raws else None)
+                 for i, a in enumerate(np_.attribute)]
         meta = {e.key: e.value for e in np_.metadata_props}
         prov = default_provenance(np_.name, np_.op_type, index)
         if PROVENANCE_KEY in meta:
@@ -207,7 +211,7 @@ class _Importer:
                     overload=np_.overload, doc_string=np_.doc_string, provenance=prov,
                     metadata_props=meta)
 
-    def attr(self, a: onnx.AttributeProto, scope: _Scope) -> Attr:
+    def attr(self, a: onnx.AttributeProto, scope: _Scope, raw: Optional[bytes] = None) -> Attr:
         t = AttrType(a.type)
         if a.ref_attr_name:
             return Attr(a.name, t, None, a.doc_string, a.ref_attr_name)
@@ -218,7 +222,7 @@ class _Importer:
         elif t == AttrType.STRING:
             value = _str(a.s)
         elif t == AttrType.TENSOR:
-            value = self.tensor(a.t)
+            value = self.tensor(a.t, raw)
         elif t == AttrType.GRAPH:
             value = self.graph(a.g, scope)
         elif t == AttrType.SPARSE_TENSOR:

@@ -11,7 +11,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from passctl.ir.errors import ModelLoadError
-from passctl.ir.onnx_split import Malformed, Truncated, split_model
+from passctl.ir.onnx_split import Malformed, Split, Truncated, split_model
 
 logger = logging.getLogger(__name__)
 
@@ -23,15 +23,14 @@ _SIGNATURES = {
 }
 
 
-def read_model_file(path: str) -> Tuple[onnx.ModelProto, List[Optional[bytes]]]:
+def read_model_file(path: str) -> Tuple[onnx.ModelProto, Optional[Split]]:
     """Parse ``path`` as an ONNX model without loading external data.
 
-    Large ``raw_data`` of the main graph's initializers is read apart from the proto (see
-    :mod:`passctl.ir.onnx_split`), so the weights are in memory once, not twice.
+    Large ``raw_data`` of the main graph's initializers and tensor attributes is read apart from
+    the proto (see :mod:`passctl.ir.onnx_split`), so the weights are in memory once, not twice.
 
     Returns:
-        The ModelProto and, per main-graph initializer, the raw bytes taken out of its proto
-        (None where the proto kept its data).
+        The ModelProto and the raw bytes taken out of it (None when the file was parsed whole).
 
     Raises:
         ModelLoadError: one line naming ``path``, the problem and what to do.
@@ -50,7 +49,7 @@ def read_model_file(path: str) -> Tuple[onnx.ModelProto, List[Optional[bytes]]]:
                              ".onnx file") from None
     except (Malformed, DecodeError, RuntimeError, ValueError, OSError) as e:
         logger.debug("%s: wire-format split failed (%s); parsing with onnx.load", path, e)
-        proto, raws = _onnx_load(path, head), []
+        proto, raws = _onnx_load(path, head), None
     if not proto.HasField("graph") or (proto.ir_version == 0 and not len(proto.opset_import)):
         raise ModelLoadError(f"{path}: not an ONNX model or truncated (no graph, ir_version or "
                              "opset_import found); give a complete .onnx file")

@@ -11,11 +11,16 @@ parsed separately).
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import onnx
 
-_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+from passctl.ir.onnx_stream import varint
+
+# Field numbers (onnx.proto): ModelProto.graph, GraphProto.node / .initializer,
+# NodeProto.attribute, AttributeProto.t, TensorProto.raw_data.
+_MODEL_GRAPH, _GRAPH_NODE, _GRAPH_INITIALIZER = 7, 1, 5
+_NODE_ATTRIBUTE, _ATTRIBUTE_T, _TENSOR_RAW_DATA = 5, 5, 9
 _LEN = 2
 MIN_SPLIT_BYTES = 1024  # smaller raw_data stays in the skeleton
 
@@ -28,12 +33,12 @@ class Truncated(Malformed):
     """A field's length runs past the end of the file."""
 
 
-def split_model(path: str) -> Tuple[onnx.ModelProto, List[Optional[bytes]]]:
-    """Parse ``path`` with the large initializer ``raw_data`` fields read apart.
+def split_model(path: str) -> Tuple[onnx.ModelProto, "Split"]:
+    """Parse ``path`` with the large ``raw_data`` of main-graph initializers and tensor attributes
+    read apart.
 
     Returns:
-        The ModelProto (initializers listed, their large ``raw_data`` left empty) and, per main-graph
-        initializer in order, the raw bytes taken out of it (None where the proto kept its data).
+        The ModelProto (those ``raw_data`` fields left out) and the :class:`Split` raw bytes.
 
     Raises:
         Truncated: a length field points past the end of the file.
@@ -75,16 +80,26 @@ class _Window:
         return self.buf[i]
 
 
+class Split:
+    """Raw data read apart from the proto: per main-graph initializer (None where the proto kept
+    its data), and per (main-graph node index, attribute index) for tensor attributes."""
+
+    def __init__(self):
+        self.initializers: List[Optional[bytes]] = []
+        self.node_attributes: Dict[Tuple[int, int], bytes] = {}
+
+
 class _Splitter:
     def __init__(self, mm: _Window, fd: int, size: int):
         self.mm, self.fd, self.size = mm, fd, size
         self.model_parts: List[bytes] = []
         self.graph_parts: List[bytes] = []
         self.tensors: List[bytes] = []
-        self.raws: List[Optional[bytes]] = []
+        self.split = Split()
+        self.node_count = 0
         self.saw_graph = False
 
-    def run(self) -> Tuple[onnx.ModelProto, List[Optional[bytes]]]:
+    def run(self) -> Tuple[onnx.ModelProto, Split]:
         for field, wire, start, body, end in self._fields(0, self.size):
             if field == _MODEL_GRAPH and wire == _LEN:
                 self.saw_graph = True
@@ -96,29 +111,70 @@ class _Splitter:
             model.graph.MergeFromString(b"".join(self.graph_parts))
             for t in self.tensors:
                 model.graph.initializer.add().MergeFromString(t)
-        return model, self.raws
+        return model, self.split
 
     def _graph(self, pos: int, end: int) -> None:
         for field, wire, start, body, stop in self._fields(pos, end):
             if field == _GRAPH_INITIALIZER and wire == _LEN:
-                self._tensor(body, stop)
+                payload, raw = self._tensor(body, stop)
+                self.tensors.append(payload)
+                self.split.initializers.append(raw)
+            elif field == _GRAPH_NODE and wire == _LEN:
+                self.graph_parts.append(self._node(start, body, stop))
+                self.node_count += 1
             else:
                 self.graph_parts.append(self.mm[start:stop])
 
-    def _tensor(self, pos: int, end: int) -> None:
+    def _node(self, start: int, pos: int, end: int) -> bytes:
+        """The node field, with large tensor-attribute raw_data taken out (e.g. Constant values)."""
+        if end - pos < MIN_SPLIT_BYTES:
+            return self.mm[start:end]
+        parts: List[bytes] = []
+        changed = False
+        index = 0
+        for field, wire, fstart, body, stop in self._fields(pos, end):
+            if field == _NODE_ATTRIBUTE and wire == _LEN:
+                if stop - body >= MIN_SPLIT_BYTES:
+                    payload, raw = self._attribute(body, stop)
+                    if raw is not None:
+                        self.split.node_attributes[(self.node_count, index)] = raw
+                        parts.append(_field(_NODE_ATTRIBUTE, payload))
+                        changed = True
+                        index += 1
+                        continue
+                index += 1
+            parts.append(self.mm[fstart:stop])
+        if not changed:
+            return self.mm[start:end]
+        return _field(_GRAPH_NODE, b"".join(parts))
+
+    def _attribute(self, pos: int, end: int) -> Tuple[bytes, Optional[bytes]]:
+        fields = list(self._fields(pos, end))
+        tensors = [f for f in fields if f[0] == _ATTRIBUTE_T and f[1] == _LEN]
+        if len(tensors) != 1:  # no tensor, or several that protobuf would merge: keep as is
+            return b"", None
+        parts: List[bytes] = []
+        raw = None
+        for field, wire, fstart, body, stop in fields:
+            if field == _ATTRIBUTE_T and wire == _LEN:
+                payload, raw = self._tensor(body, stop)
+                parts.append(_field(_ATTRIBUTE_T, payload))
+            else:
+                parts.append(self.mm[fstart:stop])
+        return b"".join(parts), raw
+
+    def _tensor(self, pos: int, end: int) -> Tuple[bytes, Optional[bytes]]:
+        """A TensorProto's encoding without its large raw_data, and that raw_data (or None)."""
         parts: List[bytes] = []
         raw: Optional[bytes] = None
         for field, wire, start, body, stop in self._fields(pos, end):
             if field == _TENSOR_RAW_DATA and wire == _LEN and stop - body >= MIN_SPLIT_BYTES:
-                raw = os.pread(self.fd, stop - body, body)  # last occurrence wins, as in protobuf
-                if len(raw) != stop - body:
-                    raise Truncated("short read")
+                raw = self.mm[body:stop]  # last occurrence wins, as in protobuf
             else:
                 if field == _TENSOR_RAW_DATA:
                     raw = None
                 parts.append(self.mm[start:stop])
-        self.tensors.append(b"".join(parts))
-        self.raws.append(raw)
+        return b"".join(parts), raw
 
     def _fields(self, pos: int, end: int):
         """Yield (field number, wire type, field start, payload start, field end) in [pos, end)."""
@@ -159,3 +215,8 @@ class _Splitter:
             shift += 7
             if shift > 63:
                 raise Malformed(f"varint too long at byte {pos}")
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field's encoding."""
+    return varint((number << 3) | _LEN) + varint(len(payload)) + payload

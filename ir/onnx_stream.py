@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import BinaryIO, Iterable, Tuple
+from typing import BinaryIO, List, Sequence, Union
 
 from passctl.ir._tensor import Tensor
 
 CHUNK = 16 << 20  # bytes per read when copying from a data file
-
-# Wire-format field keys (field_number << 3 | wire type 2 = length-delimited).
-_MODEL_GRAPH = (7 << 3) | 2
-_GRAPH_INITIALIZER = (5 << 3) | 2
-_TENSOR_RAW_DATA = (9 << 3) | 2
 
 
 def varint(n: int) -> bytes:
@@ -29,38 +24,46 @@ def varint(n: int) -> bytes:
             return bytes(out)
 
 
-def tensor_message_size(header: bytes, raw_len: int) -> int:
-    """Size of a TensorProto made of ``header`` plus a raw_data field of ``raw_len`` bytes
-    (``raw_len`` < 0: no raw_data field)."""
-    if raw_len < 0:
-        return len(header)
-    return len(header) + 1 + len(varint(raw_len)) + raw_len
+Chunk = Union[bytes, Tensor]  # encoded bytes, or a tensor whose raw bytes are written as they are
 
 
-def write_initializers(f: BinaryIO, items: Iterable[Tuple[Tensor, bytes, int]]) -> None:
-    """Append the main graph's initializers to a serialized ModelProto in ``f``.
+def key(field: int) -> bytes:
+    """Wire-format key of a length-delimited field (all fields written here are)."""
+    return varint((field << 3) | 2)
+
+
+def chunks_size(chunks: Sequence[Chunk]) -> int:
+    return sum(c.nbytes if isinstance(c, Tensor) else len(c) for c in chunks)
+
+
+def field_chunks(field: int, body: List[Chunk]) -> List[Chunk]:
+    """``body`` (a message's encoding, in chunks) wrapped as length-delimited field ``field``."""
+    return [key(field) + varint(chunks_size(body))] + body
+
+
+def tensor_chunks(header: bytes, t: Tensor) -> List[Chunk]:
+    """A TensorProto: ``header`` (its encoding without raw_data) and the raw_data field (9)."""
+    return [header] + field_chunks(9, [t])
+
+
+def write_graph_tail(f: BinaryIO, body: List[Chunk]) -> None:
+    """Append one more ``ModelProto.graph`` field (7) holding ``body`` to a serialized ModelProto.
 
     Protobuf merges a repeated occurrence of an embedded message field and concatenates repeated
-    fields (protobuf encoding spec, "Last One Wins" / merging), so one more ``ModelProto.graph``
-    field holding only ``initializer`` entries parses as if they were inside the first one.
+    fields (protobuf encoding spec, "Last One Wins" and merging of embedded messages), so nodes and
+    initializers written here parse as if they were inside the skeleton's graph.
 
     Args:
         f: file positioned after the serialized skeleton ModelProto.
-        items: per initializer (in order): the tensor, its TensorProto serialized without
-            raw_data, and the raw data length to append (-1: the header is the whole tensor).
+        body: GraphProto fields (node / initializer entries) as chunks.
     """
-    items = list(items)
-    sizes = [tensor_message_size(h, n) for _, h, n in items]
-    payload = sum(1 + len(varint(s)) + s for s in sizes)
-    if not items:
+    if not body:
         return
-    f.write(bytes([_MODEL_GRAPH]) + varint(payload))
-    for (t, header, raw_len), size in zip(items, sizes):
-        f.write(bytes([_GRAPH_INITIALIZER]) + varint(size))
-        f.write(header)
-        if raw_len >= 0:
-            f.write(bytes([_TENSOR_RAW_DATA]) + varint(raw_len))
-            write_raw(f, t)
+    for c in field_chunks(7, body):
+        if isinstance(c, Tensor):
+            write_raw(f, c)
+        else:
+            f.write(c)
 
 
 def write_raw(f: BinaryIO, t: Tensor) -> None:

@@ -100,11 +100,11 @@ def test_failed_save_leaves_the_target_untouched(tmp_path, monkeypatch):
     before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
     model = load(src)
 
-    def broken(f, items):
+    def broken(f, chunks):
         f.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(onnx_export, "write_initializers", broken)
+    monkeypatch.setattr(onnx_export, "write_graph_tail", broken)
     with pytest.raises(OSError, match="disk full"):
         save(model, src, external_data=False)
     after = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}

@@ -303,12 +303,16 @@ def test_provenance_metadata_is_read_back_and_written_only_when_it_differs():
 
 
 def test_reader_keeps_large_weights_out_of_the_proto(tmp_path):
-    """load() reads each large raw_data once, into the Tensor; the parsed proto never holds it."""
+    """load() reads each large raw_data (initializers, Constant values) once, into the Tensor; the
+    parsed proto never holds it; save() streams it back."""
     rng = np.random.default_rng(3)
     big = rng.standard_normal((64, 64)).astype(np.float32)
-    small = np.arange(4, dtype=np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "big"], ["y"], name="mm"),
-                               helper.make_node("Add", ["y", "small"], ["z"], name="add")], "g",
+    small = np.arange(64, dtype=np.float32)  # 256 bytes: stays in the proto
+    const = helper.make_node("Constant", [], ["c"], name="const",
+                             value=onnx.numpy_helper.from_array(big.T.copy(), "c_value"))
+    graph = helper.make_graph([const, helper.make_node("MatMul", ["x", "big"], ["y"], name="mm"),
+                               helper.make_node("Add", ["y", "small"], ["y2"], name="add"),
+                               helper.make_node("MatMul", ["y2", "c"], ["z"], name="mm2")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 64])],
                               initializer=[onnx.numpy_helper.from_array(big, "big"),
@@ -319,11 +323,19 @@ def test_reader_keeps_large_weights_out_of_the_proto(tmp_path):
     from passctl.ir.onnx_reader import read_model_file
 
     skeleton, raws = read_model_file(path)
-    assert raws[0] == big.tobytes() and raws[1] is None  # 16 bytes stay in the proto
+    assert raws.initializers[0] == big.tobytes() and raws.initializers[1] is None
     assert not skeleton.graph.initializer[0].raw_data and skeleton.graph.initializer[1].raw_data
+    assert raws.node_attributes == {(0, 0): big.T.tobytes()}  # the Constant's value
+    assert not skeleton.graph.node[0].attribute[0].t.raw_data
     model = load(path)
     assert np.array_equal(model.graph.initializers["big"].const.numpy(), big)
+    assert np.array_equal(model.graph.nodes[0].attributes["value"].value.numpy(), big.T)
     assert same_bytes(to_onnx(model), proto)
+    out = str(tmp_path / "out.onnx")
+    save(model, out)  # streams both the initializer and the Constant value
+    assert same_bytes(onnx.load(out), proto)
+    x = {"x": rng.standard_normal((1, 64)).astype(np.float32)}
+    assert_bit_identical(run_onnxruntime(path, x), run_onnxruntime(out, x))
 
 
 def test_tensors_built_in_the_ir_export(tmp_path):
