@@ -1,0 +1,106 @@
+"""lower-onnxruntime: canonical passctl ops as ONNX Runtime contrib ops where its CPU has kernels."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from passctl.ir import Model, Node, Value
+from passctl.passes.base import PassResult
+from passctl.passes.fusion import lower_standard as std
+from passctl.passes.fusion.canonical import MS_DOMAIN, ensure_opset
+from passctl.passes.fusion.lowering import LowerContext, Lowering, register_lowering
+from passctl.passes.registry import register_pass
+
+TARGET = "onnxruntime"
+
+
+def _in(node: Node, i: int) -> Optional[Value]:
+    return node.inputs[i] if len(node.inputs) > i else None
+
+
+def layernorm(ctx: LowerContext, node: Node) -> Value:
+    """``LayerNormalization`` in the default domain at any opset: ONNX's op from 17, ONNX Runtime's
+    own registration of the same name and schema below 17 (its transformers optimizer emits it too)."""
+    x, scale, bias = node.inputs[0], _in(node, 1), _in(node, 2)
+    ctx.form = "LayerNorm->LayerNormalization"
+    ins = [x, scale if scale is not None else ctx.ones_scale(x)] + ([bias] if bias is not None else [])
+    return ctx.b.op("LayerNormalization", *ins, axis=-1, epsilon=float(node.attr("epsilon")))
+
+
+def skip_layernorm(ctx: LowerContext, node: Node) -> Optional[Value]:
+    """``com.microsoft.SkipLayerNormalization(input, skip, gamma, beta, bias)`` (ContribOperators.md:
+    input and skip 2-D or 3-D of one shape; gamma, beta, bias ``[hidden]``); None for other ranks."""
+    x, skip = node.inputs[0], node.inputs[1]
+    rank = None if x.shape is None else x.shape.rank
+    if rank not in (2, 3) or skip.shape is None or skip.shape.rank != rank:
+        return None
+    scale, beta, bias = _in(node, 2), _in(node, 3), _in(node, 4)
+    ins = [x, skip, scale if scale is not None else ctx.ones_scale(x), beta, bias]
+    while ins[-1] is None:
+        ins.pop()
+    ctx.form = "SkipLayerNorm->com.microsoft::SkipLayerNormalization"
+    return ctx.b.op("SkipLayerNormalization", *ins, domain=MS_DOMAIN, epsilon=float(node.attr("epsilon")))
+
+
+def rmsnorm(ctx: LowerContext, node: Node) -> Value:
+    """``SimplifiedLayerNormalization`` (ONNX Runtime registers it in the default domain; the form
+    its transformers optimizer writes for LLaMA's RMSNorm): x / sqrt(mean(x^2) + eps) * scale."""
+    x, scale = node.inputs[0], _in(node, 1)
+    ctx.form = "RMSNorm->SimplifiedLayerNormalization"
+    return ctx.b.op("SimplifiedLayerNormalization", x, scale if scale is not None else ctx.ones_scale(x),
+                    axis=-1, epsilon=float(node.attr("epsilon")), stash_type=1)
+
+
+def gelu(ctx: LowerContext, node: Node) -> Value:
+    """Erf form: ``com.microsoft.BiasGelu(A, B)`` with a bias, else ``com.microsoft.Gelu(X)``; tanh
+    form: ``com.microsoft.FastGelu(X[, bias])`` (ContribOperators.md)."""
+    x, bias = node.inputs[0], _in(node, 1)
+    if node.attr("approximate", "none") == "tanh":
+        ctx.form = "Gelu->com.microsoft::FastGelu"
+        return ctx.b.op("FastGelu", *([x] if bias is None else [x, bias]), domain=MS_DOMAIN)
+    if bias is not None:
+        ctx.form = "Gelu->com.microsoft::BiasGelu"
+        return ctx.b.op("BiasGelu", x, bias, domain=MS_DOMAIN)
+    ctx.form = "Gelu->com.microsoft::Gelu"
+    return ctx.b.op("Gelu", x, domain=MS_DOMAIN)
+
+
+def silu(ctx: LowerContext, node: Node) -> Value:
+    """``com.microsoft.QuickGelu(X, alpha=1)`` = X * sigmoid(alpha * X) = SiLU (one kernel)."""
+    ctx.form = "SiLU->com.microsoft::QuickGelu"
+    return ctx.b.op("QuickGelu", node.inputs[0], domain=MS_DOMAIN, alpha=1.0)
+
+
+for _op, _fns in [("LayerNorm", [layernorm]), ("SkipLayerNorm", [skip_layernorm, std.lower_skip_layernorm]),
+                  ("RMSNorm", [rmsnorm]), ("Gelu", [gelu]), ("SiLU", [silu]),
+                  ("HardSwish", [std.lower_hardswish])]:
+    for _fn in _fns:
+        register_lowering(TARGET, _op, _fn)
+
+
+@register_pass
+class LowerOnnxRuntime(Lowering):
+    """Turn canonical ``passctl::`` ops into the ops ONNX Runtime 1.32's CPU provider runs fused.
+
+    Forms: LayerNorm -> LayerNormalization; SkipLayerNorm -> com.microsoft.SkipLayerNormalization
+    (2-D/3-D inputs; else Add + LayerNormalization); RMSNorm -> SimplifiedLayerNormalization;
+    Gelu -> com.microsoft Gelu / BiasGelu / FastGelu; SiLU -> com.microsoft.QuickGelu(alpha=1);
+    HardSwish -> HardSwish (opset >= 14) or x * HardSigmoid(x). ``com.microsoft`` (version 1) is added
+    to the opset imports when used. The result is for ONNX Runtime only: ``onnx.checker`` does not know
+    the contrib ops (nor LayerNormalization below opset 17).
+
+    Statistics: see :class:`passctl.passes.fusion.lowering.Lowering`.
+    """
+
+    name = "lower-onnxruntime"
+    summary = "Lower canonical passctl ops to ONNX Runtime contrib ops (com.microsoft) and ONNX ops"
+    TARGET = TARGET
+
+    def run(self, model: Model) -> PassResult:
+        result = super().run(model)
+        if any(n.domain == MS_DOMAIN for n in model.graph.all_nodes()):
+            ensure_opset(model, MS_DOMAIN, 1)
+        return result
+
+
+__all__ = ["LowerOnnxRuntime"]

@@ -1,0 +1,129 @@
+"""The lowering framework: per-target tables turning canonical passctl ops into a target's ops."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from passctl.ir import Builder, Graph, Model, Node, Value
+from passctl.passes.base import Pass, PassResult
+from passctl.passes.fusion.canonical import DOMAIN, drop_unused_opset, last_dim
+
+logger = logging.getLogger(__name__)
+
+LowerFn = Callable[["LowerContext", Node], Optional[Value]]
+"""Builds the replacement of one canonical node with ``ctx.b``; returns the value replacing its
+(first and only) output, or None to leave the node to the next candidate function."""
+
+# target -> canonical op type -> candidate functions, tried in order (first non-None wins).
+_TABLES: Dict[str, Dict[str, List[LowerFn]]] = {}
+
+
+def register_lowering(target: str, op_type: str, fn: LowerFn, first: bool = False) -> LowerFn:
+    """Add ``fn`` as a way to lower ``passctl::<op_type>`` for ``target`` (``"onnxruntime"``,
+    ``"standard"``). Other fusion families (conv + activation, ...) register theirs the same way.
+
+    Args:
+        first: try ``fn`` before the functions already registered (a more specific form).
+    """
+    fns = _TABLES.setdefault(target, {}).setdefault(op_type, [])
+    if fn not in fns:
+        fns.insert(0, fn) if first else fns.append(fn)
+    return fn
+
+
+class LowerContext:
+    """What a lowering function gets: the model (opset), a builder collecting the new nodes, and the
+    name of the rule (form) it chose, for statistics."""
+
+    def __init__(self, model: Model, graph: Graph, node: Node):
+        self.model = model
+        self.graph = graph
+        self.b = Builder(graph, provenance=node.provenance, insert=False)
+        self.form = ""
+
+    @property
+    def opset(self) -> int:
+        """The model's default-domain opset version."""
+        return self.model.opset
+
+    def const(self, array, name: str) -> Value:
+        """A new initializer."""
+        return self.graph.add_constant(np.asarray(array), name)
+
+    def scalar(self, value: float, like: Value, name: str) -> Value:
+        """A one-element initializer ``[value]`` of ``like``'s element type (float32 when unknown)."""
+        dtype = like.dtype.numpy() if like.dtype is not None else np.float32
+        return self.const(np.array([value], dtype=dtype), name)
+
+    def ones_scale(self, x: Value, name: str = "ones") -> Value:
+        """A ``[D]`` vector of ones for x's last axis: an initializer when D is static, else
+        ``ConstantOfShape(Shape(x)[-1:])`` computed at run time."""
+        dtype = x.dtype.numpy() if x.dtype is not None else np.float32
+        d = last_dim(x)
+        if d is not None:
+            return self.const(np.ones(d, dtype=dtype), f"{x.name}_{name}")
+        shape = self.b.op("Shape", x)
+        start = self.const(np.array([-1], dtype=np.int64), "last_start")
+        end = self.const(np.array([np.iinfo(np.int64).max], dtype=np.int64), "last_end")
+        dim = self.b.op("Slice", shape, start, end)
+        return self.b.op("ConstantOfShape", dim, value=np.ones(1, dtype=dtype))
+
+    def reduce_mean_last(self, v: Value) -> Value:
+        """``ReduceMean(v)`` over the last axis, keepdims 1, axes as attribute (< 18) or input."""
+        if self.opset >= 18:
+            return self.b.op("ReduceMean", v, self.const(np.array([-1], dtype=np.int64), "axes_last"),
+                             keepdims=1)
+        return self.b.op("ReduceMean", v, axes=[-1], keepdims=1)
+
+
+def _graphs(model: Model) -> List[Graph]:
+    out = [model.graph]
+    for n in model.graph.all_nodes():
+        out.extend(n.subgraphs())
+    out.extend(f.graph for f in model.functions.values())
+    return out
+
+
+class Lowering(Pass):
+    """Replaces every ``passctl::`` node by the first form of ``TARGET``'s table that applies.
+
+    Statistics: ``lowered`` (nodes replaced), the count per form (``"LayerNorm->com.microsoft::..."``
+    style names given by the lowering functions), and ``unlowered`` (canonical nodes no form took,
+    logged as warnings: the emitted model cannot run them).
+    """
+
+    TARGET = ""
+
+    def run(self, model: Model) -> PassResult:
+        stats: Dict[str, int] = {"lowered": 0, "unlowered": 0}
+        table = _TABLES.get(self.TARGET, {})
+        for graph in _graphs(model):
+            for node in list(graph):
+                if node.domain != DOMAIN:
+                    continue
+                out = None
+                ctx = None
+                for fn in table.get(node.op_type, ()):
+                    ctx = LowerContext(model, graph, node)
+                    out = fn(ctx, node)
+                    if out is not None:
+                        break
+                if out is None:
+                    stats["unlowered"] += 1
+                    logger.warning("%s: no %s form for passctl::%s (node '%s'); it stays canonical",
+                                   self.name, self.TARGET, node.op_type, node.name)
+                    continue
+                old = node.outputs[0]
+                if out.type is None:
+                    out.type = old.type
+                graph.replace_nodes([node], ctx.b.nodes, [old], [out])
+                stats["lowered"] += 1
+                stats[ctx.form] = stats.get(ctx.form, 0) + 1
+        drop_unused_opset(model, DOMAIN)
+        return PassResult(stats["lowered"] > 0, stats)
+
+
+__all__ = ["LowerContext", "LowerFn", "Lowering", "register_lowering"]
