@@ -119,3 +119,12 @@ def test_help_and_version(cli):
         assert opt in r.out
     r = cli("--version")
     assert r.rc == 0 and r.out.startswith("passctl ")
+
+
+def test_explain_builtin_rule_and_unknown_rule(cli, conv_bn_model):
+    r = cli("explain", "fold-conv-bias-bn", conv_bn_model)
+    assert r.rc == 0, r.err
+    assert "1 candidate BatchNormalization node(s); the rule would fire at 1" in r.out
+    assert re.search(r"at BatchNormalization 'bn0': fires", r.out)
+    r = cli("explain", "fold-conv-bm", conv_bn_model)
+    assert r.rc == 2 and "unknown rewrite rule 'fold-conv-bm'; did you mean 'fold-conv-bn'" in r.err
