@@ -153,6 +153,8 @@ def test_smollm2_fuses_rms_norm_and_silu_in_every_layer(fused):
     rms_layers, silu_layers = _layers(rms, layers), _layers(silu, layers)
     assert all(rms_layers[i] >= 2 for i in range(SMOLLM2_LAYERS)), rms_layers
     assert all(silu_layers[i] == 1 for i in range(SMOLLM2_LAYERS)), silu_layers
+    quick_gelu_alphas = {float(n.attr("alpha")) for n in silu if n.op_type == "QuickGelu"}
+    assert quick_gelu_alphas <= {1.0}, f"QuickGelu is SiLU only with alpha 1, got {quick_gelu_alphas}"
     leftover = [n.name for n in result.model.graph if n.op_type in ("Sigmoid", "ReduceMean")]
     assert not leftover, f"Sigmoid / ReduceMean nodes not fused: {leftover[:5]}"
 
