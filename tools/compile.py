@@ -116,8 +116,14 @@ def write_crash_folder(root: Optional[str], argv: List[str], error: BaseExceptio
     return folder
 
 
-def _refuse_output_over_input(out: str, model_path: str) -> None:
-    """Raise UserError when the output folder would replace the folder holding the input model."""
+def _check_output_path(out: str, model_path: str) -> None:
+    """Refuse, before any work, an output that is a file or a folder holding the input model.
+
+    Raises:
+        UserError: ``out`` is an existing file, or replacing it would delete the input model.
+    """
+    if os.path.isfile(out):
+        raise UserError(f"output '{out}' is a file; give a folder path with -o")
     real_out, real_model = os.path.realpath(out), os.path.realpath(model_path)
     if os.path.commonpath([real_out, real_model]) == real_out:
         raise UserError(f"output folder '{out}' contains the input model '{model_path}' and would "
@@ -152,7 +158,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         progress.update("loading the model")
         model, path = load_model(args.model)
         out = os.path.abspath(args.out or default_out(path))
-        _refuse_output_over_input(out, path)
+        _check_output_path(out, path)
         hist_before, nodes_before = op_histogram(model), count_nodes(model.graph)
         reference = _reference_model(model, path, work)
         progress.update("loaded", advance=1)

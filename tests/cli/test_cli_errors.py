@@ -169,3 +169,11 @@ def test_ir_text_parse_error_names_file_line_column(cli, tmp_path):
     r = cli(pir, "-o", tmp_path / "out")
     _assert_user_error(r, f"{pir}:4:5: expected ',' or ')'")
     assert not (tmp_path / "out").exists()
+
+
+def test_output_that_is_a_file_is_refused(cli, conv_bn_model, tmp_path):
+    target = tmp_path / "taken"
+    target.write_text("keep me")
+    r = cli(conv_bn_model, "-o", target)
+    _assert_user_error(r, "is a file; give a folder path with -o")
+    assert target.read_text() == "keep me"
