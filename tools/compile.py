@@ -55,10 +55,14 @@ def load_input_file(path: Optional[str]) -> Dict[str, Any]:
     import numpy as np
 
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        data = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise UserError(f"--inputs '{path}': not a readable .npz file ({e})")
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise UserError(f"--inputs '{path}': a single array (.npy), not an .npz archive of arrays "
+                        "by input name; write it with numpy.savez(path, name=array, ...)")
+    with data:
+        return {k: data[k] for k in data.files}
 
 
 class _ProgressInstrument:

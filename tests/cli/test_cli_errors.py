@@ -177,3 +177,19 @@ def test_output_that_is_a_file_is_refused(cli, conv_bn_model, tmp_path):
     r = cli(conv_bn_model, "-o", target)
     _assert_user_error(r, "is a file; give a folder path with -o")
     assert target.read_text() == "keep me"
+
+
+def test_bad_inputs_file_and_dim(cli, conv_bn_model, tmp_path):
+    import numpy as np
+
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros((1, 3, 8, 8), np.float32))
+    r = cli(conv_bn_model, "--check", "--inputs", npy, "-o", tmp_path / "out")
+    _assert_user_error(r, "not an .npz archive")
+    r = cli(conv_bn_model, "--check", "--dim", "batch=zero", "-o", tmp_path / "out")
+    _assert_user_error(r, "--dim 'batch=zero': expected NAME=SIZE")
+    npz = tmp_path / "x.npz"
+    np.savez(npz, not_an_input=np.zeros(2, np.float32))
+    r = cli(conv_bn_model, "--check", "--inputs", npz, "-o", tmp_path / "out")
+    _assert_user_error(r, "not_an_input")
+    assert not (tmp_path / "out").exists()
