@@ -23,10 +23,44 @@ CLEANUP: List[str] = [
     "dce",
 ]
 
+# The target-independent part of `fuse`: every fusion family, emitting canonical passctl:: ops
+# (passes/fusion/canonical.py) or ONNX ops. Extend it here; each target list below appends its lowering.
+FUSE_FAMILIES: List[str] = [
+    # NOTE: infer-shapes first: the normalization checks need ranks and last dimensions (is the reduced
+    # axis the last one? does a scale broadcast to [D]? do x and skip have one shape?), and models
+    # often declare no shapes for intermediate values.
+    "infer-shapes",
+    # NOTE: fuse-conv-bn first among the fusions: a folded BatchNormalization leaves Conv + bias, which
+    # later conv + activation fusions expect.
+    "fuse-conv-bn",
+    # NOTE: the normalization and GELU families run before any MatMul + Add fusion (Gemm /
+    # MatMul-with-bias): SkipLayerNorm and BiasGelu absorb the Linear layer's bias Add, which a Gemm
+    # fusion would otherwise take first. Conv + activation fusions that match activations in their
+    # ONNX form (Sigmoid * x, HardSigmoid...) go before fuse-activations, which turns those into
+    # passctl::SiLU / passctl::HardSwish.
+    "fuse-layernorm",
+    "fuse-gelu",
+    "fuse-activations",
+    # NOTE: dce after the fusions: rewrites leave the constants they replaced (epsilon, 0.5, sqrt(2)).
+    "dce",
+]
+
+FUSE_ONNXRUNTIME: List[str] = FUSE_FAMILIES + [
+    # NOTE: lowering last: every fusion emits canonical passctl:: ops; lower-onnxruntime turns them into
+    # ONNX Runtime's contrib ops (com.microsoft) and ONNX ops, so nothing after it may add passctl ops.
+    "lower-onnxruntime",
+]
+
+FUSE_STANDARD: List[str] = FUSE_FAMILIES + [
+    # NOTE: for emitters that import standard ONNX (TVM, TensorRT): canonical ops become the standard op
+    # of the model's opset or its decomposition.
+    "lower-standard",
+]
+
 # alias -> target -> ordered pass names. A target missing here uses DEFAULT_TARGET's list.
 ALIASES: Dict[str, Dict[str, List[str]]] = {
     "cleanup": {DEFAULT_TARGET: CLEANUP},
-    "fuse": {DEFAULT_TARGET: []},
+    "fuse": {DEFAULT_TARGET: FUSE_ONNXRUNTIME, "tvm": FUSE_STANDARD, "tensorrt": FUSE_STANDARD},
     "reparam": {DEFAULT_TARGET: []},
     "amp": {DEFAULT_TARGET: []},
     "flash-attn": {DEFAULT_TARGET: []},

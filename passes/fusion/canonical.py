@@ -56,8 +56,8 @@ SCHEMAS: Dict[str, CanonicalOp] = {s.name: s for s in [
         "(1 + tanh(sqrt(2 / pi) * (v + 0.044715 * v^3))); Bias has shape [D]",
         "Hendrycks & Gimpel 2016 (GELU); ONNX Gelu-20"),
     CanonicalOp(
-        "SiLU", ("X",), {},
-        "Y = X * sigmoid(X)",
+        "SiLU", ("X",), {"alpha": "float, default 1.0 (Swish's beta)"},
+        "Y = X * sigmoid(alpha * X)",
         "Elfwing et al. 2017 (SiLU, also called Swish-1); ONNX Swish-24 with alpha = 1"),
     CanonicalOp(
         "HardSwish", ("X",), {},

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 
 from passctl.ir import Value
-from passctl.passes.fusion.canonical import DOMAIN, last_dim, vector_like
+from passctl.passes.fusion.canonical import DOMAIN
 from passctl.passes.fusion.fusion_set import FusionRuleSet, make_variants
 from passctl.passes.fusion.norm_checks import check_epsilon, check_param, check_reductions
+from passctl.passes.fusion.norm_checks import param_vector as _param
 from passctl.passes.registry import register_pass
 from passctl.passes.rewrite import AttrVar, MatchResult, RewriteRule, RuleContext, register_rule
 
@@ -96,15 +97,6 @@ LAYERNORM_CORE = make_variants(_LayerNormCore, "layernorm", _VARIANTS,
                                lambda c: f"decomposed LayerNorm ({', '.join(c.values())}) -> passctl::LayerNorm")
 RMSNORM_CORE = make_variants(_RMSNormCore, "rmsnorm", _VARIANTS,
                              lambda c: f"decomposed RMSNorm ({', '.join(c.values())}) -> passctl::RMSNorm")
-
-
-def _param(op, x: Value, p: Value) -> Value:
-    """``p`` as a ``[D]`` vector: the value itself, or a new initializer when it was ``[1, D]``..."""
-    arr = RuleContext.constant(p)
-    if arr is None:
-        return p
-    vec = vector_like(arr, last_dim(x))
-    return p if vec.shape == arr.shape else op.constant(vec, f"{p.name}_vec")
 
 
 def _norm_attrs():

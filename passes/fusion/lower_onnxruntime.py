@@ -66,9 +66,9 @@ def gelu(ctx: LowerContext, node: Node) -> Value:
 
 
 def silu(ctx: LowerContext, node: Node) -> Value:
-    """``com.microsoft.QuickGelu(X, alpha=1)`` = X * sigmoid(alpha * X) = SiLU (one kernel)."""
+    """``com.microsoft.QuickGelu(X, alpha)`` = X * sigmoid(alpha * X): SiLU / Swish in one kernel."""
     ctx.form = "SiLU->com.microsoft::QuickGelu"
-    return ctx.b.op("QuickGelu", node.inputs[0], domain=MS_DOMAIN, alpha=1.0)
+    return ctx.b.op("QuickGelu", node.inputs[0], domain=MS_DOMAIN, alpha=float(node.attr("alpha", 1.0)))
 
 
 for _op, _fns in [("LayerNorm", [layernorm]), ("SkipLayerNorm", [skip_layernorm, std.lower_skip_layernorm]),
@@ -84,7 +84,7 @@ class LowerOnnxRuntime(Lowering):
 
     Forms: LayerNorm -> LayerNormalization; SkipLayerNorm -> com.microsoft.SkipLayerNormalization
     (2-D/3-D inputs; else Add + LayerNormalization); RMSNorm -> SimplifiedLayerNormalization;
-    Gelu -> com.microsoft Gelu / BiasGelu / FastGelu; SiLU -> com.microsoft.QuickGelu(alpha=1);
+    Gelu -> com.microsoft Gelu / BiasGelu / FastGelu; SiLU -> com.microsoft.QuickGelu(alpha);
     HardSwish -> HardSwish (opset >= 14) or x * HardSigmoid(x). ``com.microsoft`` (version 1) is added
     to the opset imports when used. The result is for ONNX Runtime only: ``onnx.checker`` does not know
     the contrib ops (nor LayerNormalization below opset 17).

@@ -91,13 +91,14 @@ def lower_gelu(ctx: LowerContext, node: Node) -> Value:
 
 
 def lower_silu(ctx: LowerContext, node: Node) -> Value:
-    """Swish-24 (alpha 1) when the opset has it, else x * Sigmoid(x)."""
-    x = node.inputs[0]
+    """Swish-24 when the opset has it, else x * Sigmoid(x) (x * Sigmoid(alpha * x) for alpha != 1)."""
+    x, alpha = node.inputs[0], float(node.attr("alpha", 1.0))
     if ctx.opset >= 24:
         ctx.form = "SiLU->Swish"
-        return ctx.b.op("Swish", x)
+        return ctx.b.op("Swish", x, alpha=None if alpha == 1.0 else alpha)
     ctx.form = "SiLU->Mul+Sigmoid"
-    return ctx.b.op("Mul", x, ctx.b.op("Sigmoid", x))
+    inner = x if alpha == 1.0 else ctx.b.op("Mul", x, ctx.scalar(alpha, x, "swish_alpha"))
+    return ctx.b.op("Mul", x, ctx.b.op("Sigmoid", inner))
 
 
 def lower_hardswish(ctx: LowerContext, node: Node) -> Value:

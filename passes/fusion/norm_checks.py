@@ -107,4 +107,15 @@ def check_param(context: RuleContext, x: Value, p: Value, role: str, what: str,
     return vec, MatchResult()
 
 
-__all__ = ["FLOAT_KINDS", "check_epsilon", "check_param", "check_reductions", "is_float", "reduce_axes"]
+def param_vector(op, x: Value, p: Value) -> Value:
+    """``p`` as a ``[D]`` vector for a rewrite: ``p`` itself when it is one already (or not a
+    constant), else a new initializer (``[1, D]`` or ``[1]`` reshaped / expanded; see
+    :func:`passctl.passes.fusion.canonical.vector_like`). Call only after :func:`check_param` passed."""
+    arr = constant_value(p)
+    if arr is None:
+        return p
+    vec = vector_like(arr, last_dim(x))
+    return p if vec.shape == arr.shape else op.constant(vec, f"{p.name}_vec")
+
+
+__all__ = ["FLOAT_KINDS", "param_vector", "check_epsilon", "check_param", "check_reductions", "is_float", "reduce_axes"]
