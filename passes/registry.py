@@ -29,6 +29,7 @@ _builtin_modules: List[str] = [
     "passctl.passes.common.dce",
     "passctl.passes.fusion.fold_batchnorm",
     "passctl.passes.fusion.conv_activation",
+    "passctl.passes.fusion.gemm",
     # Normalization / activation fusion families and target lowering (issue 4, H8).
     "passctl.passes.fusion.layernorm",
     "passctl.passes.fusion.gelu",
