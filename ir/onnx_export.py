@@ -14,8 +14,8 @@ from passctl.ir._core import Attr, AttrType, Function, Graph, Model, Node, Value
 from passctl.ir._tensor import ExternalLocation, Tensor
 from passctl.ir._types import DataType, Shape, TensorType, type_to_proto
 from passctl.ir.onnx_import import INITIALIZER_VALUE_INFO, PROVENANCE_KEY, default_provenance
-from passctl.ir.onnx_stream import (Chunk, field_chunks, tensor_chunks, write_graph_tail,
-                                    write_raw)
+from passctl.ir.onnx_stream import (Chunk, field_chunks, raw_nbytes, tensor_chunks,
+                                    write_graph_tail, write_raw)
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +93,10 @@ def _save_external(model: Model, path: str, inits: List[Value], threshold: int, 
                 or t.nbytes < threshold:
             continue
         start = (end + 63) // 64 * 64  # aligned starts, so a runtime can map them directly
-        plan[id(t)] = (start, t.nbytes)
+        length = raw_nbytes(t)
+        plan[id(t)] = (start, length)
         order.append(t)
-        end = start + t.nbytes
+        end = start + length
     proto = _Exporter(external=plan, location=location).model(model)
     real_data = os.path.realpath(data_path)
     # Tensors that memory-map the data file about to be replaced (e.g. saving over the source).
@@ -264,10 +265,28 @@ class _Exporter:
         and Tensors for large raw data (initializers, tensor attributes such as Constant values),
         written from where they are without a second copy in memory."""
         body: List[Chunk] = []
+        batch = onnx.GraphProto()  # runs of plain nodes / initializers, encoded in one go
+
+        def flush():
+            if batch.ByteSize():
+                body.append(batch.SerializeToString())
+                batch.Clear()
+
         for i, n in enumerate(g):
-            body += field_chunks(1, self._node_chunks(n, i))
+            if any(a.type == AttrType.TENSOR and not a.ref_attr_name and _streamable(a.value)
+                   for a in n.attributes.values()):
+                flush()
+                body.extend(field_chunks(1, self._node_chunks(n, i)))
+            else:
+                self.node(n, i, batch.node.add())
+        flush()
         for v in g.initializers.values():
-            body += field_chunks(5, self._tensor_chunks(v.const, v.name))
+            if _streamable(v.const):
+                flush()
+                body.extend(field_chunks(5, self._tensor_chunks(v.const, v.name)))
+            else:
+                self.tensor(v.const, batch.initializer.add(), v.name)
+        flush()
         return body
 
     def _node_chunks(self, n: Node, index: int) -> List[Chunk]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import logging
 import os
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import onnx
 from google.protobuf.message import DecodeError

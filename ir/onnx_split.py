@@ -1,12 +1,11 @@
-"""Split an ONNX file into a small skeleton proto and its initializers' raw bytes, read once each.
+"""Split an ONNX file into a small skeleton proto and the large raw_data of its tensors."""
 
-``onnx.load`` holds the whole file and the parsed proto at once (2x the weights). Here the protobuf
-wire format is walked (keys and lengths, read through a small window with ``os.pread``; not a memory
-map, whose fault-around would count weight pages in the RSS); each large ``raw_data`` of a
-main-graph initializer is read into its own ``bytes``, and everything else is parsed by protobuf. Wire format: https://protobuf.dev/programming-guides/encoding/ (a
-message is a sequence of fields; concatenated encodings of a message merge, so the parts can be
-parsed separately).
-"""
+# ``onnx.load`` holds the whole file and the parsed proto at once (2x the weights). Here the protobuf
+# wire format (https://protobuf.dev/programming-guides/encoding/) is walked: keys and lengths are
+# read through a small ``os.pread`` window (not a memory map, whose fault-around would count weight
+# pages in the RSS); each large ``raw_data`` of a main-graph initializer or tensor attribute is read
+# into its own ``bytes``, and the rest is parsed by protobuf. A message's encoding is a sequence of
+# fields and concatenated encodings merge, so the parts can be parsed separately.
 
 from __future__ import annotations
 

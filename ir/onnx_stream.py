@@ -32,8 +32,20 @@ def key(field: int) -> bytes:
     return varint((field << 3) | 2)
 
 
+def raw_nbytes(t: Tensor) -> int:
+    """Bytes :func:`write_raw` writes for ``t``: its raw data as held (an external ``length`` or
+    the bytes read from the file, even where they disagree with the shape), else ``t.nbytes``."""
+    ext = t.external
+    if ext is not None:
+        return ext.length if ext.length is not None else t.nbytes
+    data = t._data  # noqa: SLF001  (same package: the held bytes, not a copy)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return memoryview(data).nbytes
+    return t.nbytes
+
+
 def chunks_size(chunks: Sequence[Chunk]) -> int:
-    return sum(c.nbytes if isinstance(c, Tensor) else len(c) for c in chunks)
+    return sum(raw_nbytes(c) if isinstance(c, Tensor) else len(c) for c in chunks)
 
 
 def field_chunks(field: int, body: List[Chunk]) -> List[Chunk]:
@@ -71,7 +83,7 @@ def write_raw(f: BinaryIO, t: Tensor) -> None:
     (holes of a sparse source file are skipped with a seek, so they stay holes)."""
     ext = t.external
     if ext is not None:
-        copy_range(ext.path, ext.offset, t.nbytes if ext.length is None else ext.length, f)
+        copy_range(ext.path, ext.offset, raw_nbytes(t), f)
     else:
         f.write(t.raw_view())
 

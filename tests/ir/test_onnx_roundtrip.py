@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import ml_dtypes
 import numpy as np
@@ -363,6 +362,24 @@ def test_tensors_built_in_the_ir_export(tmp_path):
         assert got["s"].tolist() == strings.tolist()
         assert np.array_equal(got["bf"].view(np.uint16), bf16.view(np.uint16))
         assert np.array_equal(got["i4"].astype(np.int8), int4.astype(np.int8))
+
+
+def test_raw_data_that_disagrees_with_the_shape_is_kept_as_is(tmp_path):
+    """A broken tensor (1000 raw bytes for 300 floats) is written back byte for byte, and the
+    streamed lengths stay right for the fields after it."""
+    bad = TensorProto(name="bad", data_type=TensorProto.FLOAT, dims=[300], raw_data=b"\x01" * 1000)
+    good = onnx.numpy_helper.from_array(np.arange(400, dtype=np.float32), "good")
+    graph = helper.make_graph([helper.make_node("Identity", ["good"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [400])],
+                              initializer=[bad, good])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path, out, ext = (str(tmp_path / n) for n in ("m.onnx", "out.onnx", "ext.onnx"))
+    onnx.save(proto, path)
+    model = load(path)
+    save(model, out)
+    assert same_bytes(onnx.load(out), proto)
+    save(model, ext, external_data=True)
+    assert not proto_diff(proto, onnx.load(ext))  # onnx.load marks data_location=DEFAULT set
 
 
 def test_from_onnx_leaves_the_proto_unchanged():
