@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Dict, List, Optional, Tuple
 
+import os
+import tempfile
+
 import onnx
 import onnx.shape_inference
 
@@ -99,7 +102,15 @@ def _infer_model(proto: onnx.ModelProto, symbolic: bool) -> Optional[onnx.ModelP
 
             copy = onnx.ModelProto()
             copy.CopyFrom(proto)
-            out = SymbolicShapeInference.infer_shapes(copy, auto_merge=True)
+            # NOTE: on incomplete inference ORT saves "sym_shape_infer_temp.onnx" (+ a data file) into
+            # the current folder; run it in a throwaway folder so no file appears next to the user's.
+            cwd = os.getcwd()
+            with tempfile.TemporaryDirectory(prefix="passctl-symshape-") as scratch:
+                os.chdir(scratch)
+                try:
+                    out = SymbolicShapeInference.infer_shapes(copy, auto_merge=True)
+                finally:
+                    os.chdir(cwd)
         else:
             out = onnx.shape_inference.infer_shapes(proto, data_prop=True)
     except Exception as e:  # noqa: BLE001 - inference is best effort here
