@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Tuple
-
 import os
 import tempfile
+from typing import Dict, List, Optional, Tuple
 
 import onnx
 import onnx.shape_inference
