@@ -1,10 +1,10 @@
-"""Fusion-test setup: tests/passes on sys.path, so these tests share its ``helpers`` module."""
+"""Fusion-test setup: the pass-test helpers importable, and a pipeline runner returning stats."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-_PASS_TESTS = str(Path(__file__).resolve().parents[1])
-if _PASS_TESTS not in sys.path:
-    sys.path.insert(0, _PASS_TESTS)
+_PASSES_TESTS = str(Path(__file__).resolve().parents[1])
+if _PASSES_TESTS not in sys.path:
+    sys.path.insert(0, _PASSES_TESTS)
