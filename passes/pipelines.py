@@ -57,11 +57,22 @@ FUSE_STANDARD: List[str] = FUSE_FAMILIES + [
     "lower-standard",
 ]
 
+REPARAM: List[str] = [
+    # NOTE: reparam runs before fuse: it needs the training-time branches (Conv + BN, the identity BN,
+    # the branch Adds) as they are; fuse-conv-bn would fold each branch's BN into its Conv first and
+    # fusions such as Conv+Add or Conv+Relu would hide the branch sums. reparam-branches also does the
+    # single-branch Conv + BN / per-channel Mul-Add folds (the same bn_math code as fuse-conv-bn).
+    "reparam-branches",
+    # NOTE: dce after: the merged branches leave their weights, BN statistics and Constant nodes
+    # unused.
+    "dce",
+]
+
 # alias -> target -> ordered pass names. A target missing here uses DEFAULT_TARGET's list.
 ALIASES: Dict[str, Dict[str, List[str]]] = {
     "cleanup": {DEFAULT_TARGET: CLEANUP},
     "fuse": {DEFAULT_TARGET: FUSE_ONNXRUNTIME, "tvm": FUSE_STANDARD, "tensorrt": FUSE_STANDARD},
-    "reparam": {DEFAULT_TARGET: []},
+    "reparam": {DEFAULT_TARGET: REPARAM},
     "amp": {DEFAULT_TARGET: []},
     "flash-attn": {DEFAULT_TARGET: []},
     "quantize": {DEFAULT_TARGET: []},
@@ -70,7 +81,6 @@ ALIASES: Dict[str, Dict[str, List[str]]] = {
 # Why an alias without passes fails: the feature that will bring them.
 NOT_YET: Dict[str, str] = {
     "fuse": "operator fusion is not implemented in this version",
-    "reparam": "structural re-parameterization (RepVGG, MobileOne, ...) is not implemented in this version",
     "amp": "automatic mixed precision is not implemented in this version",
     "flash-attn": "attention substitution (FlashAttention / fused attention) is not implemented in this version",
     "quantize": "quantization is not implemented in this version",

@@ -30,12 +30,15 @@ _builtin_modules: List[str] = [
     "passctl.passes.fusion.fold_batchnorm",
     "passctl.passes.fusion.conv_activation",
     "passctl.passes.fusion.gemm",
+    "passctl.passes.fusion.reshape_chain",
     # Normalization / activation fusion families and target lowering (issue 4, H8).
     "passctl.passes.fusion.layernorm",
     "passctl.passes.fusion.gelu",
     "passctl.passes.fusion.activations",
     "passctl.passes.fusion.lower_onnxruntime",
     "passctl.passes.fusion.lower_standard",
+    # Structural re-parameterization (issue 7, H11).
+    "passctl.passes.reparam.merge_branches",
 ]
 
 _PASSES: Dict[str, Type[Pass]] = {}

@@ -57,14 +57,43 @@ def fold_bn_into_conv_weights(weight: np.ndarray, conv_bias: Optional[np.ndarray
     Raises:
         ValueError: the channel counts of the weight, group and BN parameters do not agree.
     """
+    s, t = bn_scale_shift(scale, bias, mean, var, epsilon)
+    return fold_scale_shift_into_conv_weights(weight, conv_bias, s, t, transpose=transpose, group=group)
+
+
+def fold_scale_shift_into_conv_weights(weight: np.ndarray, conv_bias: Optional[np.ndarray],
+                                       s: np.ndarray, t: np.ndarray, transpose: bool = False,
+                                       group: int = 1) -> Tuple[np.ndarray, np.ndarray]:
+    """Fold a per-output-channel affine map ``y[o] = s[o] * z[o] + t[o]`` into the convolution ``z``.
+
+    The one single-branch fold shared by ``fuse-conv-bn`` (an inference BatchNormalization is such a
+    map, :func:`bn_scale_shift`) and ``reparam-branches`` (BatchNormalization and per-channel
+    ``Mul`` / ``Add`` / ``Sub`` / ``Div`` constants). The convolution is linear in its weight, so
+    ``W'[o] = W[o] * s[o]`` and ``b'[o] = b[o] * s[o] + t[o]`` (``b = 0`` without a bias).
+
+    Args:
+        weight: the convolution weight (float dtype); Conv ``[C_out, C_in/group, k...]`` or
+            ConvTranspose ``[C_in, C_out/group, k...]`` (ONNX Conv / ConvTranspose specs).
+        conv_bias: the convolution bias ``[C_out]`` or None.
+        s, t: the scale and shift, each ``[C_out]`` (any float dtype; computed in float64).
+        transpose: True for ConvTranspose.
+        group: the convolution's ``group`` attribute.
+
+    Returns:
+        ``(new_weight, new_bias)`` in ``weight``'s dtype; new arrays (the inputs are not changed).
+
+    Raises:
+        ValueError: the channel counts of the weight, group and ``s`` / ``t`` do not agree.
+    """
     w = np.asarray(weight)
     if w.ndim < 2:
         raise ValueError(f"convolution weight must have rank >= 2, got shape {w.shape}")
     c_out = w.shape[1] * group if transpose else w.shape[0]
-    s, t = bn_scale_shift(scale, bias, mean, var, epsilon)
-    if s.shape != (c_out,):
-        raise ValueError(f"BatchNormalization has {s.shape} channel parameters but the "
-                         f"convolution has {c_out} output channels")
+    s = np.asarray(s, np.float64).reshape(-1)
+    t = np.asarray(t, np.float64).reshape(-1)
+    if s.shape != (c_out,) or t.shape != (c_out,):
+        raise ValueError(f"the per-channel scale has {s.shape} and the shift {t.shape} parameters but "
+                         f"the convolution has {c_out} output channels")
     w64 = w.astype(np.float64)
     if transpose:
         c_in = w.shape[0]

@@ -1,0 +1,119 @@
+"""reparam-branches: merge multi-branch conv blocks (RepVGG, ACNet, DBB, MobileOne) into one Conv."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Dict, List
+
+from passctl.ir import Builder, Graph, Model, Node
+from passctl.passes.base import Pass, PassResult
+from passctl.passes.common.constants import constant_array
+from passctl.passes.reparam.branches import Form, Recognizer, is_candidate
+from passctl.passes.reparam.merge import kernel_attributes
+from passctl.passes.registry import register_pass
+
+logger = logging.getLogger(__name__)
+
+
+def _graphs(model: Model) -> List[Graph]:
+    out = [model.graph]
+    for n in model.graph.all_nodes():
+        out.extend(n.subgraphs())
+    out.extend(f.graph for f in model.functions.values())
+    return out
+
+
+def _absorbed(node: Node) -> bool:
+    """The node's output feeds exactly one branch op, so that op's root will reach it."""
+    out = node.outputs[0]
+    users = out.consumers()
+    return len(node.outputs) == 1 and not out.is_graph_output() and len(users) == 1 and \
+        is_candidate(users[0])
+
+
+@register_pass
+class ReparamBranches(Pass):
+    """Structural re-parameterization: a sum of linear convolution branches of one input becomes one
+    Conv with bias; a single Conv followed by BN / per-channel constants is folded the same way.
+
+    Recognized from the graph alone (never from names), rules:
+      1. Parallel branches summed by ``Add`` (chains and trees of Adds): Conv kxk + BN, Conv 1x1 + BN,
+         identity through BN alone or bare (RepVGG), Conv 1xk + Conv kx1 (ACNet), MobileOne's k
+         over-parameterized kxk branches plus its 1x1 "scale" branch.
+      2. Sequential branches: Conv 1x1 -> (Pad) -> BN -> Conv kxk -> BN and Conv 1x1 -> (Pad) -> BN
+         -> AveragePool -> BN (DBB), and a BN or per-channel ``Mul/Add/Sub/Div`` constant before a
+         Conv without padding.
+      3. A single Conv followed by BN / per-channel constants (the fold ``fuse-conv-bn`` does, through
+         the same :func:`passctl.passes.fusion.bn_math.fold_scale_shift_into_conv_weights`).
+
+    Merging (:mod:`passctl.passes.reparam.merge`; RepVGG, ACNet, DBB and MobileOne papers): each BN
+    with its own epsilon, smaller kernels zero-padded to kxk at the offset their padding implies,
+    identity as a one-hot kernel, group-aware. Branches are not merged (the reason goes to the
+    ``unmerged`` statistic) when strides, dilations, groups or channel counts differ, when padding
+    does not line up, or when a branch intermediate has another consumer or is a graph output.
+
+    Statistics: ``merged`` (multi-branch blocks), ``branches`` (branches they had), ``folded``
+    (single-branch folds), ``unmerged`` (``{root node name: reason}``).
+    """
+
+    name = "reparam-branches"
+    summary = "Merge parallel / sequential conv branches (RepVGG, ACNet, DBB, MobileOne) into one Conv"
+
+    def run(self, model: Model) -> PassResult:
+        stats: Dict[str, object] = {"merged": 0, "branches": 0, "folded": 0}
+        unmerged: Dict[str, str] = {}
+        for graph in _graphs(model):
+            self._run_graph(graph, stats, unmerged)
+        if unmerged:
+            stats["unmerged"] = unmerged
+        modified = bool(stats["merged"] or stats["folded"])
+        return PassResult(modified, stats)
+
+    def _run_graph(self, graph: Graph, stats: Dict[str, object], unmerged: Dict[str, str]) -> None:
+        queue = deque(n for n in graph if is_candidate(n) and not _absorbed(n))
+        done = set()
+        while queue:
+            root = queue.popleft()
+            if root.graph is not graph or id(root) in done:
+                continue
+            done.add(id(root))
+            form = Recognizer(graph).run(root)
+            for term in form.terms:  # a source made of branch ops is a root of its own
+                p = term.source.producer
+                if p is not None and p.graph is graph and is_candidate(p) and id(p) not in done:
+                    queue.append(p)
+            if len(form.terms) > 1:
+                if form.adds:
+                    reason = "; ".join(dict.fromkeys(form.notes)) or (
+                        "branches read different values: " +
+                        ", ".join(f"'{t.source.name}'" for t in form.terms))
+                    unmerged[root.name] = reason
+                    logger.info("reparam: %s '%s' not merged: %s", root.op_type, root.name, reason)
+                continue
+            kernel = form.terms[0].kernel
+            if kernel is None or kernel.convs == 0 or len(form.nodes) < 2:
+                continue
+            self._rewrite(graph, root, form)
+            if form.adds:
+                stats["merged"] += 1
+                stats["branches"] += form.adds + 1
+            else:
+                stats["folded"] += 1
+
+    def _rewrite(self, graph: Graph, root: Node, form: Form) -> None:
+        (term,) = form.terms
+        kernel = term.kernel
+        np_dtype = next(constant_array(n.inputs[1]).dtype for n in form.nodes if n.op_type == "Conv")
+        base = root.name.strip("/").replace("/", "_") or "reparam"
+        w = graph.add_constant(kernel.weight.astype(np_dtype), f"{base}_reparam_weight")
+        b = graph.add_constant(kernel.bias.astype(np_dtype), f"{base}_reparam_bias")
+        builder = Builder(graph, insert=False)
+        out = builder.op("Conv", term.source, w, b, name=f"{base}_reparam", **kernel_attributes(kernel))
+        old = root.outputs[0]
+        out.type = old.type
+        nodes = [n for n in graph if n in form.nodes]
+        graph.replace_nodes(nodes, builder.nodes, [old], [out])
+
+
+__all__ = ["ReparamBranches"]
