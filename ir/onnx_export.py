@@ -6,13 +6,14 @@ import json
 import logging
 import os
 import tempfile
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import onnx
 
 from passctl.ir._core import Attr, AttrType, Function, Graph, Model, Node, Value
 from passctl.ir._tensor import ExternalLocation, Tensor
 from passctl.ir._types import DataType, Shape, TensorType, type_to_proto
+from passctl.ir.errors import UserError
 from passctl.ir.onnx_import import INITIALIZER_VALUE_INFO, PROVENANCE_KEY, default_provenance
 from passctl.ir.onnx_stream import (Chunk, field_chunks, raw_nbytes, tensor_chunks,
                                     write_graph_tail, write_raw)
@@ -37,7 +38,7 @@ def to_onnx(model: Model) -> onnx.ModelProto:
     return _Exporter().model(model)
 
 
-def save(model: Model, path: str, external_data: Optional[bool] = None, size_threshold: int = 1024,
+def save(model: Model, path: Union[str, os.PathLike], external_data: Optional[bool] = None, size_threshold: int = 1024,
          location: Optional[str] = None) -> None:
     """Write ``model`` to ``path`` atomically (a temp file in the same folder, then a rename).
 
@@ -55,22 +56,26 @@ def save(model: Model, path: str, external_data: Optional[bool] = None, size_thr
         location: data file name relative to the model's folder (default ``<file name>.data``).
 
     Raises:
-        ValueError: embedded weights of 2 GiB or more (protobuf's limit); use external data.
+        UserError: embedded weights of 2 GiB or more (protobuf's limit), or a ``location`` that
+            leaves the model's folder.
         OSError: the folder is not writable or a source data file cannot be read.
     """
-    path = os.path.abspath(path)
-    inits = list(_initializers(model.graph))
-    total = sum(v.const.nbytes for v in inits)
+    path = os.path.abspath(os.fspath(path))
+    tensors = list(_all_tensors(model))
+    total = sum(raw_nbytes(t) for t in tensors if t.dtype != DataType.STRING)
     if external_data is None:
         external_data = total > EXTERNAL_DEFAULT_BYTES or any(
-            t.external is not None for t in _all_tensors(model))
+            t.external is not None for t in tensors)
     if external_data:
-        _save_external(model, path, inits, size_threshold,
-                       location or os.path.basename(path) + ".data")
+        location = location or os.path.basename(path) + ".data"
+        if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
+            raise UserError(f"{path}: external-data location '{location}' must be a file name "
+                            "relative to the model's folder (no '..', not absolute)")
+        _save_external(model, path, list(_initializers(model.graph)), size_threshold, location)
         return
     if total >= 2 ** 31:
-        raise ValueError(f"{path}: {total} bytes of weights cannot be embedded in one protobuf "
-                         "(2 GiB limit); save with external_data=True")
+        raise UserError(f"{path}: {total} bytes of weights cannot be embedded in one protobuf "
+                        "(2 GiB limit); save with external_data=True")
     exporter = _Exporter(stream_main=True)
     skeleton = exporter.model(model)
     tail = exporter.main_graph_chunks(model.graph)
@@ -84,6 +89,7 @@ def save(model: Model, path: str, external_data: Optional[bool] = None, size_thr
 def _save_external(model: Model, path: str, inits: List[Value], threshold: int, location: str):
     folder = os.path.dirname(path)
     data_path = os.path.join(folder, location)
+    os.makedirs(os.path.dirname(data_path), exist_ok=True)
     plan: Dict[int, Tuple[int, int]] = {}
     order: List[Tensor] = []
     end = 0

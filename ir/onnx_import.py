@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple, Union
 
 import onnx
 
@@ -25,12 +25,12 @@ INITIALIZER_VALUE_INFO = "passctl.initializer_value_info"
 _CLEAR_THRESHOLD = 1024
 
 
-def default_provenance(name: str, op_type: str, index: int):
+def default_provenance(name: str, op_type: str, index: int) -> Tuple[str, ...]:
     """The provenance import gives a node: ``(name,)``, or ``(f"{op_type}@{index}",)`` if nameless."""
     return (name,) if name else (f"{op_type}@{index}",)
 
 
-def load(path: str) -> Model:
+def load(path: Union[str, os.PathLike]) -> Model:
     """Read an ONNX file into a :class:`Model` without reading external weights.
 
     Embedded weights are kept as raw bytes; external data is memory-mapped on first use, never
@@ -46,6 +46,7 @@ def load(path: str) -> Model:
         ModelLoadError: the path is missing or not a file, the file is not ONNX or is truncated,
             or an external-data file is missing, too short or outside the model's folder.
     """
+    path = os.fspath(path)
     proto, raw = read_model_file(path)
     base_dir = os.path.dirname(os.path.abspath(path))
     try:
@@ -162,7 +163,8 @@ class _Importer:
         self._apply_value_info(scope, infos)
         for vi in gp.output:  # an output's declared type wins over a value_info entry
             v = scope.lookup(vi.name)
-            self._set_info(v, vi)
+            if scope.names.get(vi.name) is v:  # not an outer value, whose own type is kept
+                self._set_info(v, vi)
             g.outputs.append(v)
         # Which initializers had a value_info entry (export repeats it only for those, or for
         # initializers whose type says more than the tensor does).
@@ -274,7 +276,9 @@ class _Importer:
     @staticmethod
     def _set_info(v: Value, vi: onnx.ValueInfoProto) -> None:
         if vi.HasField("type"):
-            v.type = type_from_proto(vi.type)
+            t = type_from_proto(vi.type)
+            if t is not None or v.type is None:  # an empty ``type {}`` says nothing
+                v.type = t
         if vi.doc_string:
             v.doc_string = vi.doc_string
         if len(vi.metadata_props):

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 import passctl.ir.onnx_export as onnx_export
 from passctl.ir import load, save, to_onnx
+from passctl.ir.errors import UserError
 from passctl.tools.check import run_onnxruntime
 
 from proto_diff import proto_diff
@@ -151,3 +152,20 @@ def test_model_over_2gb_from_a_sparse_file_imports_without_reading(tmp_path):
     assert np.array_equal(copied[:4], [0, 1, 2, 3]) and np.array_equal(copied[-4:], [5, 6, 7, 8])
     reloaded = load(out)
     assert reloaded.graph.initializers["big"].const.external.location == "model.onnx.data"
+
+
+@pytest.mark.parametrize("location", ["../escape.bin", "/tmp/absolute.bin"])
+def test_save_refuses_a_location_outside_the_folder(tmp_path, location):
+    model = load(_external_model(str(tmp_path)))
+    with pytest.raises(UserError, match="relative to the model's folder"):
+        save(model, str(tmp_path / "out.onnx"), external_data=True, location=location)
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_save_into_a_data_subfolder(tmp_path):
+    model = load(_external_model(str(tmp_path)))
+    out = str(tmp_path / "out.onnx")
+    save(model, out, external_data=True, location="data/weights.bin")
+    assert (tmp_path / "data" / "weights.bin").is_file()
+    assert np.array_equal(run_onnxruntime(out, _inputs())["y"],
+                          run_onnxruntime(str(tmp_path / "model.onnx"), _inputs())["y"])
