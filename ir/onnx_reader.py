@@ -62,8 +62,9 @@ def _onnx_load(path: str, head: bytes) -> onnx.ModelProto:
     except (DecodeError, RuntimeError, ValueError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         if head[:1] == b"\x08":  # starts like a ModelProto (ir_version field)
-            raise ModelLoadError(f"{path}: the ONNX file is truncated or corrupted (protobuf parse "
-                                 f"failed: {reason}); export or download the model again") from None
+            raise ModelLoadError(f"{path}: corrupted, truncated or not an ONNX model (protobuf "
+                                 f"parse failed: {reason}); export or download the model again"
+                                 ) from None
         raise ModelLoadError(f"{path}: not an ONNX model (protobuf parse failed: {reason}); give "
                              "a .onnx file") from None
 

@@ -72,6 +72,18 @@ def test_png_file(tmp_path):
     _expect_error(path, "PNG", "not an ONNX model")
 
 
+def test_random_binary_file(tmp_path):
+    path = tmp_path / "noise.onnx"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    _expect_error(path, "not an ONNX model")
+
+
+def test_protobuf_that_is_not_a_model(tmp_path):
+    path = tmp_path / "tensor.onnx"
+    path.write_bytes(onnx.numpy_helper.from_array(np.ones(8, np.float32), "t").SerializeToString())
+    _expect_error(path, "not an ONNX model")
+
+
 def test_truncated_protobuf(tmp_path):
     data = _model_bytes()
     path = tmp_path / "cut.onnx"
