@@ -143,6 +143,8 @@ class MatMulTransposeRule(RewriteRule):
     """
 
     operand = "a"
+    # False in fuse-gemm-standard: batched operands are left alone (FusedMatMul is ONNX Runtime's).
+    contrib_ops = True
 
     def pattern(self, op, a, b):
         if self.operand == "a":
@@ -163,6 +165,9 @@ class MatMulTransposeRule(RewriteRule):
             return "gemm"
         if ra < 2 or rb < 2:
             return "MatMul of a 1-D operand: no transposed form"
+        if not self.contrib_ops:
+            return ("batched MatMul: its transposed form is com.microsoft FusedMatMul (ONNX Runtime only), "
+                    "which this standard-ONNX pass does not emit")
         return "fused"
 
     def check(self, context: RuleContext, a, b, perm=None):
@@ -252,11 +257,27 @@ class FuseGemm(RuleSet):
     name = "fuse-gemm"
     summary = "MatMul + Add -> Gemm; Transpose folded into Gemm/MatMul operands"
 
+    contrib_ops = True
+
     def __init__(self, options=None, **kwargs):
-        super().__init__(RULES, options, **kwargs)
+        rules = [r() for r in RULES]
+        for r in rules:
+            if isinstance(r, MatMulTransposeRule):
+                r.contrib_ops = self.contrib_ops
+        super().__init__(rules, options, **kwargs)
 
     def run(self, model: Model) -> PassResult:
         result = super().run(model)
         if result.modified and any(n.domain == MS_DOMAIN for n in model.graph.all_nodes()):
             model.opset_imports.setdefault(MS_DOMAIN, 1)
         return PassResult(result.modified, {"fused": sum(result.stats.values()), **result.stats})
+
+
+@register_pass
+class FuseGemmStandard(FuseGemm):
+    """:class:`FuseGemm` emitting standard ONNX only (for TVM / TensorRT): the same rules, except that
+    a Transpose of a batched (rank > 2) MatMul operand stays (no com.microsoft FusedMatMul)."""
+
+    name = "fuse-gemm-standard"
+    summary = "MatMul + Add -> Gemm; Transpose folded into Gemm / constant MatMul weights (standard ONNX)"
+    contrib_ops = False

@@ -183,3 +183,19 @@ def test_transpose_of_batch_axes_not_folded():
 def test_int64_matmul_not_fused():
     proto = _model("t = Transpose (a)\ny = MatMul (t, b)", "int64[8,4] a, int64[8,6] b", "int64[4,6] y")
     assert "Gemm is fused only for float32/float64" in _reason(proto, "matmul-transpose-a")
+
+
+def test_standard_variant_leaves_batched_transpose_with_reason():
+    from passctl.passes.fusion.gemm import FuseGemmStandard
+
+    proto = _model("t = Transpose <perm = [0, 2, 1]> (k)\ny = MatMul (q, t)", "float[2,4,5] q, float[2,6,5] k",
+                   "float[2,4,6] y")
+    model = from_onnx(proto)
+    InferShapes()(model)
+    assert FuseGemmStandard()(model).stats == {"fused": 0}
+    # The 2-D case is still folded into Gemm by the standard variant.
+    proto2 = _model("t = Transpose (b)\ny = MatMul (a, t)", "float[4,8] a, float[6,8] b", "float[4,6] y")
+    model2 = from_onnx(proto2)
+    InferShapes()(model2)
+    assert FuseGemmStandard()(model2).stats == {"fused": 1, "matmul-transpose-b": 1}
+    assert_same_outputs(proto2, to_onnx(model2))
