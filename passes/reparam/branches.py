@@ -185,8 +185,8 @@ def _pool_step(node: Node) -> Union[Step, str]:
     if any(spatial["pads"]) and not node.attr("count_include_pad"):
         return (f"{_label(node)} pads without count_include_pad, so border windows are not a "
                 "convolution")
-    # The channel count is filled in when the step is applied (it is the data's).
-    kernel = Kernel(np.full((0, 1) + tuple(k), 1.0 / (k[0] * k[1])), np.zeros(0), 0, diag=True,
+    # One channel's window, group 0: widened to the data's channel count when the step is applied.
+    kernel = Kernel(np.full((1, 1) + tuple(k), 1.0 / (k[0] * k[1])), np.zeros(1), 0, diag=True,
                     **spatial)
     return Step(node, node.inputs[0], kernel=kernel)
 
@@ -231,10 +231,10 @@ def apply_step(term: Term, step: Step) -> Term:
         pads = tuple(p + q for p, q in zip(k.pads, step.pads))
         return Term(term.source, replace(k, pads=pads))
     second = step.kernel
-    if second.diag and second.c_out == 0:  # average pooling: as many channels as its input
+    if second.group == 0:  # average pooling: as many channels as its input
         c = k.c_out if k is not None else _identity(term, None).c_out
-        second = replace(second, weight=np.broadcast_to(second.weight[:1], (c,) + second.weight.shape[1:]).copy(),
-                         bias=np.zeros(c), group=c)
+        window = np.broadcast_to(second.weight, (c,) + second.weight.shape[1:]).copy()
+        second = replace(second, weight=window, bias=np.zeros(c), group=c)
     if k is None:
         return Term(term.source, second)
     return Term(term.source, compose(k, second))
