@@ -1,4 +1,4 @@
-"""ONNX Runtime CPU latency of raw exports, onnxslim, ORT's transformers optimizer and passctl ``cleanup,fuse``.
+"""ONNX Runtime CPU latency of raw exports, onnxslim, ORT's transformers optimizer and passctl fuse.
 
 Run ``python benchmarks/ort_cpu.py [--models bert_base,smollm2] [--runs 30] [--quick]``. For each model it
 prepares four graphs and times five ONNX Runtime CPU sessions (``intra_op_num_threads=2``,
@@ -74,15 +74,17 @@ def _corpus(model_id: str, dims: Dict[str, int]) -> Callable[[], Tuple[str, dict
     return get
 
 
-# id -> (label, (path, dim_values, overrides) getter, ORT transformers optimizer model_type or None)
+# id -> (label, (path, dim_values, overrides) getter, optimize_model keyword arguments or None). BERT
+# and MiniLM: num_heads / hidden_size detected by the optimizer; SmolLM2-135M: 9 heads, hidden 576.
 MODELS = {
-    "bert_base": ("BERT-base seq 128", _zoo("bert_base"), "bert"),
-    "minilm": ("MiniLM-L6 seq 128", _zoo("minilm"), "bert"),
+    "bert_base": ("BERT-base seq 128", _zoo("bert_base"), {"model_type": "bert"}),
+    "minilm": ("MiniLM-L6 seq 128", _zoo("minilm"), {"model_type": "bert"}),
     "resnet50": ("ResNet-50 224x224", _zoo("resnet50"), None),
     "ppocr_det": ("PP-OCRv4 det 640x640", _corpus("ppocr_det", {"x[0]": 1, "x[2]": 640, "x[3]": 640}),
                   None),
     "ppocr_rec": ("PP-OCRv4 rec 48x320", _corpus("ppocr_rec", {"x[0]": 1, "x[2]": 48, "x[3]": 320}), None),
-    "smollm2": ("SmolLM2-135M seq 128", _zoo("smollm2"), "qwen3"),
+    "smollm2": ("SmolLM2-135M seq 128", _zoo("smollm2"),
+                {"model_type": "qwen3", "num_heads": 9, "hidden_size": 576}),
     "repvgg_a0": ("RepVGG-A0 224x224", _zoo("repvgg_a0"), None),
 }
 DEFAULT_MODELS = ("bert_base", "minilm", "resnet50", "ppocr_det", "ppocr_rec", "smollm2")
@@ -93,7 +95,8 @@ def _weights_bytes(path: str) -> int:
     return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
 
 
-def _prepare(variant: str, src: str, folder: Path, model_type: Optional[str], pipeline: str) -> Tuple[str, dict]:
+def _prepare(variant: str, src: str, folder: Path, optimizer_kwargs: Optional[dict],
+             pipeline: str) -> Tuple[str, dict]:
     """Write ``variant``'s graph of ``src`` into ``folder``; returns (path, info)."""
     out = str(folder / "model.onnx")
     big = _weights_bytes(src) > 1_500_000_000
@@ -105,7 +108,7 @@ def _prepare(variant: str, src: str, folder: Path, model_type: Optional[str], pi
             onnxslim.slim(src, out)
     elif variant == "ort-transformers":
         from onnxruntime.transformers.optimizer import optimize_model
-        optimized = optimize_model(src, model_type=model_type)
+        optimized = optimize_model(src, **optimizer_kwargs)
         info["fused"] = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
         optimized.save_model_to_file(out, use_external_data_format=big)
     elif variant == "passctl":
@@ -124,6 +127,11 @@ def _prepare(variant: str, src: str, folder: Path, model_type: Optional[str], pi
         raise ValueError(variant)
     info["prepare_s"] = time.perf_counter() - start
     return out, info
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:160] if lines else ''}"
 
 
 def _session(path: str, optimize: bool, profile_prefix: Optional[str] = None):
@@ -175,28 +183,29 @@ def bench_model(model_id: str, args) -> dict:
     from passctl.tools.check import compare
     from passctl.tools.inputs import make_inputs
 
-    label, getter, model_type = MODELS[model_id]
+    label, getter, optimizer_kwargs = MODELS[model_id]
     src, dims, overrides = getter()
     feeds = make_inputs(src, seed=0, dim_values=dims, overrides=overrides)
     row: dict = {"id": model_id, "label": label, "ms": {}, "info": {}, "max_rel": {}, "errors": {}}
     with tempfile.TemporaryDirectory(prefix=f"ort_cpu_{model_id}_") as tmp:
         paths = {"disabled": src, "ort-all": src}
         for variant in ("onnxslim", "ort-transformers", "passctl"):
-            if variant == "ort-transformers" and model_type is None:
+            if variant == "ort-transformers" and optimizer_kwargs is None:
                 continue
             folder = Path(tmp) / variant
             folder.mkdir()
             try:
-                paths[variant], row["info"][variant] = _prepare(variant, src, folder, model_type, args.pipeline)
+                paths[variant], row["info"][variant] = _prepare(variant, src, folder, optimizer_kwargs,
+                                                                args.pipeline)
             except Exception as error:  # a peer or passctl failing is a result, not a crash
-                row["errors"][variant] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+                row["errors"][variant] = _one_line(error)
                 traceback.print_exc(file=sys.stderr)
         sessions = {}
         for variant, path in paths.items():
             try:
                 sessions[variant] = _session(path, variant != "disabled")
             except Exception as error:
-                row["errors"][variant] = f"session: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
+                row["errors"][variant] = "session: " + _one_line(error)
         reference = None
         for variant, session in sessions.items():
             names = [o.name for o in session.get_outputs()]
@@ -261,7 +270,8 @@ def summarize(rows: List[dict]) -> List[str]:
                 extra += f", fused {json.dumps(info['fused'], sort_keys=True)}" if info.get("fused") else ""
                 parts.append(f"{variant}: max_rel {row['max_rel'][variant]:.1e}{extra}")
         total = sum(row["ops_all"].values()) or 1.0
-        top = sorted(((t, op) for op, t in row["ops_all"].items() if not GEMM_LIKE.search(op)), reverse=True)[:6]
+        other = [(t, op) for op, t in row["ops_all"].items() if not GEMM_LIKE.search(op)]
+        top = sorted(other, reverse=True)[:6]
         parts.append("non-GEMM ops: " + ", ".join(f"{op} {100 * t / total:.1f}%" for t, op in top))
         lines.append(f"- **{row['label']}**: " + "; ".join(parts))
     return lines
@@ -302,7 +312,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{json.dumps({k: round(v, 2) for k, v in rows[-1]['ms'].items()})}", flush=True)
     lines = header + summarize(rows) + ["", f"Load average at end: {os.getloadavg()[0]:.2f}."]
     print("\n".join(summarize(rows)))
-    out = Path(args.output) if args.output else REPO / "benchmarks" / "results" / f"ort_cpu-{now:%Y-%m-%d}.md"
+    default = REPO / "benchmarks" / "results" / f"ort_cpu-{now:%Y-%m-%d}.md"
+    out = Path(args.output) if args.output else default
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".md.tmp")
     tmp.write_text("\n".join(lines) + "\n")
