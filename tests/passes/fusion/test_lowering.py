@@ -1,0 +1,80 @@
+"""lower-onnxruntime / lower-standard: every canonical op has both forms, fallbacks, dynamic shapes."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from fusion_helpers import model_text, ops, run
+from helpers import assert_same_outputs
+
+from passctl.ir import Builder, from_onnx, to_onnx
+from passctl.passes.fusion.canonical import SCHEMAS, canonical_op_doc
+from passctl.passes.fusion.lowering import _TABLES
+from passctl.passes.registry import expand_alias, get_pass
+
+LN_NO_SCALE = ("m = ReduceMean <axes=[-1]> (x)\nd = Sub (x, m)\np = Mul (d, d)\nv = ReduceMean <axes=[-1]> (p)\n"
+               "e = Constant <value = float {1e-5}> ()\nve = Add (v, e)\ns = Sqrt (ve)\ny = Div (d, s)")
+
+
+def test_every_canonical_op_has_both_lowerings_and_a_documented_schema():
+    get_pass("lower-onnxruntime")  # loads the built-in passes
+    for op in SCHEMAS:
+        assert _TABLES["onnxruntime"].get(op) and _TABLES["standard"].get(op), op
+        assert f"passctl::{op}(" in canonical_op_doc()
+
+
+def test_layernorm_without_scale_and_dynamic_last_dim_gets_run_time_ones():
+    proto = model_text(LN_NO_SCALE, "float[2,4,D] x", "float[2,4,D] y", 17)
+    feeds = {"x": np.random.default_rng(5).standard_normal((2, 4, 8)).astype(np.float32)}
+    for lowering in ("lower-onnxruntime", "lower-standard"):
+        _, stats, out = run(proto, f"infer-shapes,fuse-layernorm,dce,{lowering}")
+        assert stats["fuse-layernorm"]["layernorm"] == 1
+        assert ops(out) == ["Shape", "Slice", "ConstantOfShape", "LayerNormalization"]
+        assert_same_outputs(proto, out, inputs=feeds, rtol=1e-5)
+
+
+def test_layernorm_below_opset_17_is_decomposed_for_standard_and_kept_fused_for_ort():
+    proto = model_text(LN_NO_SCALE, "float[2,4,8] x", "float[2,4,8] y", 13)
+    _, _, ort = run(proto, "infer-shapes,fuse-layernorm,dce,lower-onnxruntime")
+    _, _, std = run(proto, "infer-shapes,fuse-layernorm,dce,lower-standard")
+    assert ops(ort) == ["LayerNormalization"]  # ONNX Runtime registers it below 17 too
+    assert ops(std) == ["ReduceMean", "Sub", "Mul", "ReduceMean", "Add", "Sqrt", "Div"]
+    assert_same_outputs(proto, ort, rtol=1e-5)
+    assert_same_outputs(proto, std, rtol=1e-5)
+
+
+def test_skip_layernorm_of_rank_4_falls_back_to_add_and_layernorm_for_ort():
+    body = "s = Add (a, r)\ny = LayerNormalization <axis=-1, epsilon=1e-5> (s, W)"
+    proto = model_text(body, "float[2,3,4,8] a, float[2,3,4,8] r", "float[2,3,4,8] y", 17,
+                       {"W": np.random.default_rng(2).standard_normal(8).astype(np.float32)})
+    _, stats, out = run(proto, "infer-shapes,fuse-layernorm,lower-onnxruntime")
+    assert stats["fuse-layernorm"]["skip_layernorm"] == 1
+    assert stats["lower-onnxruntime"]["SkipLayerNorm->Add+LayerNormalization"] == 1
+    assert ops(out) == ["Add", "LayerNormalization"]
+    assert_same_outputs(proto, out, rtol=1e-5)
+
+
+def test_unknown_canonical_op_is_counted_and_kept(caplog):
+    proto = model_text("y = Relu (x)", "float[4] x", "float[4] y", 17)
+    model = from_onnx(proto)
+    relu = next(iter(model.graph))
+    out = Builder(model.graph, before=relu).op("NotAnOp", relu.inputs[0], domain="passctl")
+    relu.set_input(0, out)
+    model.opset_imports["passctl"] = 1
+    with caplog.at_level(logging.WARNING):
+        result = get_pass("lower-onnxruntime")()(model)
+    assert result.stats["unlowered"] == 1 and not result.modified
+    assert "no onnxruntime form for passctl::NotAnOp" in caplog.text
+    assert model.opset_imports.get("passctl") == 1
+    assert "passctl" in {o.domain for o in to_onnx(model).opset_import}
+
+
+def test_fuse_alias_order_per_target():
+    cpu = expand_alias("fuse", "cpu")
+    assert cpu[0] == "infer-shapes" and cpu[1] == "fuse-conv-bn" and cpu[-1] == "lower-onnxruntime"
+    assert expand_alias("fuse", "a10") == cpu  # GPU profiles emit for ONNX Runtime too
+    tvm = expand_alias("fuse", "tvm")
+    assert tvm[:-1] == cpu[:-1] and tvm[-1] == "lower-standard"
+    for name in cpu + tvm:
+        get_pass(name)
