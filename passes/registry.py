@@ -37,6 +37,8 @@ _builtin_modules: List[str] = [
     "passctl.passes.fusion.activations",
     "passctl.passes.fusion.lower_onnxruntime",
     "passctl.passes.fusion.lower_standard",
+    # Static shapes and TVM frontend legalizations (issue 5, H12).
+    "passctl.passes.fusion.lower_tvm",
     # Structural re-parameterization (issue 7, H11).
     "passctl.passes.reparam.merge_branches",
 ]

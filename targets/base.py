@@ -116,10 +116,11 @@ def atomic_output_dir(out: str) -> Iterator[str]:
 
 def _registry() -> Dict[str, Emitter]:
     from passctl.targets.onnxruntime.emit import OnnxRuntimeEmitter
+    from passctl.targets.tvm.emit import TvmEmitter
 
     return {
         "onnxruntime": OnnxRuntimeEmitter(),
-        "tvm": _NotImplementedEmitter("tvm", "TVM"),
+        "tvm": TvmEmitter(),
         "tensorrt": _NotImplementedEmitter("tensorrt", "TensorRT"),
     }
 

@@ -91,8 +91,8 @@ def test_options_before_the_model(cli, conv_bn_model, tmp_path):
 
 
 def test_unimplemented_emitter(cli, conv_bn_model, tmp_path):
-    r = cli(conv_bn_model, "--emit", "tvm", "-o", tmp_path / "out")
-    _assert_user_error(r, "the TVM emitter is not implemented in this version; "
+    r = cli(conv_bn_model, "--emit", "tensorrt", "-o", tmp_path / "out")
+    _assert_user_error(r, "the TensorRT emitter is not implemented in this version; "
                           "use --emit onnxruntime")
     assert not (tmp_path / "out").exists()
 

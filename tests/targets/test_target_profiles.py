@@ -58,7 +58,7 @@ def test_unknown_target_suggests_close_names(typo, expected):
     assert f"'{expected}'" in msg.split("known targets")[0]
 
 
-@pytest.mark.parametrize("name, label", [("tvm", "TVM"), ("tensorrt", "TensorRT")])
+@pytest.mark.parametrize("name, label", [("tensorrt", "TensorRT")])
 def test_unimplemented_emitters_say_so(name, label):
     assert name in emitter_names()
     with pytest.raises(UserError, match=f"the {label} emitter is not implemented in this version; "

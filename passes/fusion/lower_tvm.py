@@ -1,0 +1,115 @@
+"""lower-tvm: static input shapes and the rewrites TVM 0.27's Relax ONNX frontend needs."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Dict
+
+import numpy as np
+
+from passctl.ir import Graph, Model, Shape, TensorType
+from passctl.ir.errors import UserError
+from passctl.passes.base import Pass, PassResult
+from passctl.passes.common.constants import constant_array
+from passctl.passes.registry import get_pass, register_pass
+
+logger = logging.getLogger(__name__)
+
+
+def parse_dims(text: str) -> Dict[str, int]:
+    """``"batch=1,sequence=128"`` -> ``{"batch": 1, "sequence": 128}`` (also ``input_ids[1]=128``).
+
+    Raises:
+        UserError: an item is not ``NAME=SIZE`` with a positive integer size.
+    """
+    dims: Dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in text.replace(";", ",").split(","))):
+        name, sep, size = item.partition("=")
+        if not sep or not name.strip() or not size.strip().isdigit() or int(size) <= 0:
+            raise UserError(f"lower-tvm: dims item '{item}' is not NAME=SIZE with a positive "
+                            "integer size, e.g. dims=\"batch=1,sequence=128\"")
+        dims[name.strip()] = int(size)
+    return dims
+
+
+@register_pass
+class LowerTvm(Pass):
+    """Prepare the IR for TVM's Relax ONNX frontend (run it last, after lower-standard).
+
+    Rules (stat key in brackets):
+      1. Symbolic input dims named in ``dims`` (by ``dim_param`` or ``input[axis]``) become static
+         [dims_fixed]: TVM artifacts are built for static shapes, and with static shapes every
+         Shape -> Gather/Concat -> Expand/Reshape chain folds to constants, which avoids the
+         frontend's Expand converter comparing symbolic dims with Python ``==`` ("Cannot use and /
+         or / not operator to Expr").
+      2. When rule 1 changed anything: infer-shapes, fold-constants and dce run again (their
+         statistics are summed in [infer/fold/dce_*]).
+      3. ``ConstantOfShape`` whose shape input is a constant empty 1-D tensor (a scalar result)
+         becomes a scalar initializer [scalar_constant_of_shape]. Cause of BERT's import failure
+         in TVM 0.27 ("broadcast_to expects the input shape to have the number of ndim at least as
+         the input tensor's"): its converter broadcasts the 1-element ``value`` tensor to the
+         shape ``()``, which Relax refuses (ConstantOfShape-9 spec: the result has the input's
+         shape, here rank 0).
+    """
+
+    name = "lower-tvm"
+    summary = "Static input shapes and TVM frontend legalizations (scalar ConstantOfShape)"
+
+    @dataclass
+    class Options:
+        """Options of lower-tvm.
+
+        Attributes:
+            dims: sizes of symbolic input dims, ``"batch=1,sequence=128"`` (names or input[axis]).
+        """
+
+        dims: str = field(default="", metadata={"help": "symbolic input dims, e.g. batch=1,sequence=128"})
+
+    def run(self, model: Model) -> PassResult:
+        stats: Dict[str, int] = {"dims_fixed": 0, "scalar_constant_of_shape": 0}
+        dims = parse_dims(self.options.dims)
+        for v in model.graph.inputs:
+            if not isinstance(v.type, TensorType) or v.shape is None:
+                continue
+            new = []
+            for axis, d in enumerate(v.shape.dims):
+                key = f"{v.name}[{axis}]"
+                if not isinstance(d, int) and (key in dims or (isinstance(d, str) and d in dims)):
+                    new.append(dims.get(key, dims.get(d)))
+                    stats["dims_fixed"] += 1
+                else:
+                    new.append(d)
+            if new != list(v.shape.dims):
+                v.type = TensorType(v.type.dtype, Shape(tuple(new)), v.type.denotation)
+        if stats["dims_fixed"]:
+            for name in ("infer-shapes", "fold-constants", "dce"):
+                result = get_pass(name)()(model)
+                for k, n in result.stats.items():
+                    if isinstance(n, int):
+                        stats[f"{name}:{k}"] = n
+        stats["scalar_constant_of_shape"] = _scalar_constant_of_shape(model.graph)
+        modified = stats["dims_fixed"] > 0 or stats["scalar_constant_of_shape"] > 0
+        return PassResult(modified, stats)
+
+
+def _scalar_constant_of_shape(graph: Graph) -> int:
+    """Rule 3; returns the count of nodes replaced."""
+    count = 0
+    for node in list(graph):
+        if node.domain not in ("", "ai.onnx") or node.op_type != "ConstantOfShape":
+            continue
+        shape = constant_array(node.inputs[0]) if node.inputs and node.inputs[0] is not None else None
+        if shape is None or np.asarray(shape).size != 0 or node.outputs[0].is_graph_output():
+            continue
+        value = node.attr("value")
+        array = np.asarray(value.numpy() if hasattr(value, "numpy") else value) if value is not None \
+            else np.zeros(1, dtype=np.float32)
+        scalar = graph.add_constant(array.reshape(()).copy(), f"{node.outputs[0].name}_scalar")
+        node.outputs[0].replace_all_uses_with(scalar)
+        graph.remove(node)
+        count += 1
+    return count
+
+
+__all__ = ["LowerTvm", "parse_dims"]

@@ -1,0 +1,65 @@
+"""The Relax compilation pipelines passctl uses per target (llvm for cpu, cuda for GPUs)."""
+
+from __future__ import annotations
+
+import logging
+from typing import List
+
+from passctl.targets.tvm.support import import_tvm
+
+logger = logging.getLogger(__name__)
+
+
+def cpu_pipeline(target, schedule: bool = True):
+    """The llvm pipeline: TVM's CPU default (library dispatch, LegalizeOps, FuseOps, FuseTIR,
+    dataflow lowering, memory planning) plus passctl's CPU schedules of the fused kernels.
+
+    TVM 0.27's ``tvm.compile`` default for llvm legalizes without fusing or scheduling (each op a
+    serial loop nest); this pipeline fuses like ``relax.backend.cpu_generic`` and, with
+    ``schedule``, applies :mod:`passctl.targets.tvm.cpu_schedule` (parallel outer loops, register
+    tiles, vectorized inner loops) to every kernel.
+    """
+    tvm = import_tvm()
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+
+    passes: List = (cpu_generic.library_dispatch_passes(target)
+                    + cpu_generic.legalize_passes(target))
+    if schedule:
+        from passctl.targets.tvm.cpu_schedule import ScheduleCpuKernels
+
+        passes.append(ScheduleCpuKernels(target))
+    passes += cpu_generic.dataflow_lower_passes(target) + cpu_generic.finalize_passes(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="passctl_cpu_pipeline")
+    def _pipeline(mod, _ctx):
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline
+
+
+def gpu_pipeline(target):
+    """TVM's CUDA default pipeline: FuseOps/FuseTIR then DLight default GPU schedules (Matmul,
+    GEMV, Reduction, GeneralReduction, Fallback). The apache-tvm 0.27 wheel is built without cuBLAS
+    and cuDNN (``tvm.support.libinfo()``), so no library dispatch is added."""
+    import_tvm()
+    from tvm import relax
+
+    return relax.get_default_pipeline(target)
+
+
+def compile_module(mod, target, schedule: bool = True):
+    """``tvm.compile`` ``mod`` for ``target`` (a ``tvm.target.Target``) with passctl's pipeline.
+
+    Returns:
+        the ``tvm.relax.Executable``.
+    """
+    tvm = import_tvm()
+    if target.kind.name == "llvm":
+        pipeline = cpu_pipeline(target, schedule=schedule)
+    else:
+        pipeline = gpu_pipeline(target)
+    return tvm.compile(mod, target=target, relax_pipeline=pipeline)
+
+
+__all__ = ["compile_module", "cpu_pipeline", "gpu_pipeline"]

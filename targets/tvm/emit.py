@@ -1,0 +1,190 @@
+"""Write a TVM artifact (model.so, model.params, manifest.json) from the IR and prove it runs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+from passctl.ir import Model
+from passctl.ir.errors import UserError
+from passctl.targets.base import EmitError, Emitter
+from passctl.targets.profiles import TargetProfile
+from passctl.targets.tvm.runtime import (LIBRARY_FILE, MANIFEST_FILE, MANIFEST_SCHEMA,
+                                         PARAMS_FILE, load_artifact)
+from passctl.targets.tvm.support import import_tvm, tvm_target
+
+logger = logging.getLogger(__name__)
+
+#: Largest relative error (max |a - b| / max |b|) of a float32 output against ONNX Runtime on the
+#: same IR that the emitter's self-check accepts; above it the artifact is refused (EmitError).
+SELF_CHECK_RTOL = 1e-3
+
+
+class TvmTranslationError(UserError):
+    """TVM's frontend failed on a node the pre-build check accepted (one line, names the node)."""
+
+
+def _translate(model: Model, source: str):
+    """:func:`passctl.targets.tvm.frontend.to_relax` with frontend failures as one-line errors."""
+    from passctl.targets.tvm import frontend
+
+    quiet = io.StringIO()  # the frontend prints "Error converting operator ..." itself
+    try:
+        with contextlib.redirect_stdout(quiet):
+            return frontend.to_relax(model, source)
+    except UserError:
+        raise
+    except frontend.NodeConversionError as e:
+        node = next((n for n in model.graph.all_nodes() if n.name == e.node), None)
+        origin = ", ".join(node.provenance) if node is not None and node.provenance else e.node
+        raise TvmTranslationError(f"{source}: TVM's ONNX frontend failed on {e} (from {origin}); "
+                                  "a legalization pass (lower-tvm) should rewrite this node") from e
+    except Exception as e:  # TVM raises ValueError, TVMError, AssertionError...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise TvmTranslationError(f"{source}: TVM's ONNX frontend failed: {first}") from e
+
+
+def _plain(obj: Any) -> Any:
+    """A TVM target export (Map / Array / String / IntImm) as plain JSON-ready Python values."""
+    if isinstance(obj, (str, bool, int, float)) or obj is None:
+        return obj
+    if hasattr(obj, "items"):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) or hasattr(obj, "__len__") and hasattr(obj, "__getitem__"):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "value"):
+        return obj.value
+    return str(obj)
+
+
+def _value_specs(values, relax_types=None) -> List[Dict[str, Any]]:
+    specs = []
+    for i, v in enumerate(values):
+        shape = list(v.shape.dims) if v.shape is not None else None
+        dtype = np.dtype(v.dtype.numpy()).name if v.dtype is not None else None
+        specs.append({"name": v.name, "shape": shape, "dtype": dtype})
+    return specs
+
+
+class TvmEmitter(Emitter):
+    """The ``tvm`` emitter: the IR through TVM's Relax to a compiled shared library.
+
+    Writes ``model.so`` (``Executable.export_library``), ``model.params`` (the weights,
+    ``tvm.runtime.save_param_dict_to_file``) and ``manifest.json`` (see
+    :class:`passctl.targets.tvm.runtime.TvmArtifact`). For ``cpu`` it then loads the artifact with
+    ``tvm.runtime`` only, runs it on seeded inputs and compares with ONNX Runtime on the same IR;
+    GPU artifacts are cross-compiled (``nvcc`` needed) and only written.
+
+    Args:
+        schedule: apply passctl's CPU schedules (llvm only; False gives TVM's unscheduled kernels).
+        self_check: run the CPU artifact against ONNX Runtime after writing it.
+    """
+
+    name = "tvm"
+
+    def __init__(self, schedule: bool = True, self_check: bool = True):
+        self.schedule = schedule
+        self.self_check = self_check
+
+    def write(self, model: Model, target: TargetProfile, folder: str) -> Dict[str, Any]:
+        """Write the artifact into ``folder`` (see :meth:`Emitter.write`).
+
+        Returns:
+            ``{"emitter", "files", "target", "seconds": {"translate", "compile", "export"},
+            "weight_bytes", "self_check"}``.
+
+        Raises:
+            UserError: unsupported nodes, symbolic input shapes, apache-tvm or nvcc missing (all
+                before TVM builds anything), or a frontend failure (:class:`TvmTranslationError`).
+            EmitError: the CPU artifact does not load, or its outputs differ from ONNX Runtime's.
+        """
+        source = model.graph.name or "model"
+        tgt = tvm_target(target)  # before the translation: a missing nvcc is reported first
+        tvm = import_tvm()
+        t0 = time.perf_counter()
+        mod, params = _translate(model, source)
+        t1 = time.perf_counter()
+        from passctl.targets.tvm.build import compile_module
+
+        executable = compile_module(mod, tgt, schedule=self.schedule)
+        t2 = time.perf_counter()
+        executable.export_library(os.path.join(folder, LIBRARY_FILE))
+        main = mod["main"]
+        n_in = len(model.graph.inputs)
+        names = [f"p{i}" for i in range(len(main.params) - n_in)]
+        tvm.runtime.save_param_dict_to_file(dict(zip(names, params)),
+                                            os.path.join(folder, PARAMS_FILE))
+        t3 = time.perf_counter()
+        manifest = {
+            "schema": MANIFEST_SCHEMA,
+            "library": LIBRARY_FILE,
+            "params": PARAMS_FILE,
+            "param_names": names,
+            "inputs": _value_specs(model.graph.inputs),
+            "outputs": _value_specs(model.graph.outputs),
+            "device": "cuda" if target.is_gpu else "cpu",
+            "target": _plain(tgt.export()),
+            "profile": target.to_dict(),
+            "tvm_version": tvm.__version__,
+            "cpu_schedules": bool(self.schedule and not target.is_gpu),
+        }
+        with open(os.path.join(folder, MANIFEST_FILE), "w") as f:
+            json.dump(manifest, f, indent=2)
+            f.write("\n")
+        check = None
+        if self.self_check and not target.is_gpu:
+            check = _self_check(model, folder)
+        weight_bytes = int(sum(p.numpy().nbytes for p in params))
+        seconds = {"translate": round(t1 - t0, 3), "compile": round(t2 - t1, 3),
+                   "export": round(t3 - t2, 3)}
+        logger.info("tvm artifact for %s: %s", target.name, seconds)
+        return {"emitter": self.name, "files": sorted(os.listdir(folder)), "target": manifest["target"],
+                "seconds": seconds, "weight_bytes": weight_bytes, "self_check": check}
+
+
+def _self_check(model: Model, folder: str, seed: int = 0) -> Dict[str, Any]:
+    """Run the artifact and ONNX Runtime (on the same IR) on seeded inputs; compare outputs."""
+    import onnxruntime as ort
+
+    from passctl.ir import to_onnx
+    from passctl.tools.inputs import make_inputs
+
+    proto = to_onnx(model)
+    feeds = make_inputs(proto, seed=seed)
+    try:
+        artifact = load_artifact(folder)
+        got = artifact.run(feeds)
+    except Exception as e:
+        raise EmitError(f"the TVM artifact does not run: {type(e).__name__}: "
+                        f"{(str(e).strip().splitlines() or [''])[-1]}") from e
+    try:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(proto.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+        want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    except Exception as e:  # ONNX Runtime cannot run passctl:: ops: nothing to compare with
+        logger.info("self-check skipped: ONNX Runtime cannot run the IR (%s)", e)
+        return {"ok": None, "reason": "ONNX Runtime cannot run this IR", "outputs": {}}
+    outputs = {}
+    ok = True
+    for name, ref in want.items():
+        a, b = np.asarray(got[name], dtype=np.float64), np.asarray(ref, dtype=np.float64)
+        scale = float(np.max(np.abs(b))) if b.size else 0.0
+        rel = float(np.max(np.abs(a - b)) / scale) if scale > 0 else float(np.max(np.abs(a - b)))
+        outputs[name] = {"max_rel": rel}
+        if ref.dtype == np.float32 and rel > SELF_CHECK_RTOL:
+            ok = False
+    if not ok:
+        raise EmitError(f"the TVM artifact's outputs differ from ONNX Runtime's on the same IR: {outputs}")
+    return {"ok": True, "seed": seed, "outputs": outputs}
+
+
+__all__ = ["SELF_CHECK_RTOL", "TvmEmitter", "TvmTranslationError"]

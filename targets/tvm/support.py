@@ -1,0 +1,70 @@
+"""TVM availability and the ``tvm.target.Target`` passctl builds for each target profile."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Any, Dict
+
+from passctl.ir.errors import UserError
+from passctl.targets.profiles import TargetProfile
+
+logger = logging.getLogger(__name__)
+
+#: The apache-tvm release this emitter is written and tested against.
+TVM_VERSION = "0.27"
+
+
+def import_tvm():
+    """Import and return the ``tvm`` package.
+
+    Raises:
+        UserError: apache-tvm is not installed (the message says how to install it).
+    """
+    try:
+        import tvm  # noqa: F401
+    except ImportError as e:
+        raise UserError("the TVM emitter needs apache-tvm: pip install 'passctl[tvm]' "
+                        f"(apache-tvm=={TVM_VERSION}.0.post1); import failed: {e}") from e
+    return tvm
+
+
+def host_cpu_target() -> Dict[str, Any]:
+    """The ``llvm`` target of this host as a dict (TVM 0.27 rejects ``"llvm -mcpu=..."`` strings).
+
+    ``mcpu`` is LLVM's name of the host CPU (``llvm_get_system_cpu``, e.g. ``znver5``) so the code
+    uses its vector width (AVX2 / AVX-512); ``num-cores`` is ``os.cpu_count()`` (TVM's thread pool
+    and parallel loops use it).
+    """
+    import_tvm()
+    from tvm.target import codegen
+
+    return {"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu()),
+            "mtriple": str(codegen.llvm_get_system_triple()), "num-cores": os.cpu_count() or 1}
+
+
+def cuda_target(target: TargetProfile) -> Dict[str, Any]:
+    """The ``cuda`` target for a GPU profile, with ``arch`` from its compute capability (``sm_90``).
+
+    The host part (the Relax VM's host code) is generic ``llvm`` for x86-64, not this machine's
+    CPU: the artifact runs on the GPU machine, whose CPU may lack this one's instructions.
+    """
+    return {"kind": "cuda", "arch": target.sm, "host": {"kind": "llvm", "mtriple": "x86_64-linux-gnu"}}
+
+
+def tvm_target(target: TargetProfile):
+    """The ``tvm.target.Target`` for a passctl target profile: ``llvm`` for cpu, ``cuda`` for GPUs.
+
+    Raises:
+        UserError: a GPU profile on a machine without ``nvcc`` (TVM compiles CUDA kernels with it;
+            install the CUDA toolkit or put ``nvcc`` on PATH), or apache-tvm is missing.
+    """
+    tvm = import_tvm()
+    if not target.is_gpu:
+        return tvm.target.Target(host_cpu_target())
+    if shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"):
+        raise UserError(f"target '{target.name}' ({target.sm}): TVM compiles CUDA kernels with "
+                        "nvcc, which is not on PATH; install the CUDA toolkit or build on a machine "
+                        "that has it")
+    return tvm.target.Target(cuda_target(target))
