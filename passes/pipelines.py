@@ -33,6 +33,11 @@ FUSE_FAMILIES: List[str] = [
     # NOTE: fuse-conv-bn first among the fusions: a folded BatchNormalization leaves Conv + bias, which
     # later conv + activation fusions expect.
     "fuse-conv-bn",
+    # NOTE: fuse-reshape-chains early (H9): collapsed Reshape/Transpose chains and cancelled
+    # Squeeze/Unsqueeze pairs put producer and consumer ops next to each other for the later patterns;
+    # eliminate-identity removes the Identity nodes it leaves where a chain cancels.
+    "fuse-reshape-chains",
+    "eliminate-identity",
     # NOTE: the normalization and GELU families run before any MatMul + Add fusion (Gemm /
     # MatMul-with-bias): SkipLayerNorm and BiasGelu absorb the Linear layer's bias Add, which a Gemm
     # fusion would otherwise take first. Conv + activation fusions that match activations in their
@@ -45,13 +50,26 @@ FUSE_FAMILIES: List[str] = [
     "dce",
 ]
 
-FUSE_ONNXRUNTIME: List[str] = FUSE_FAMILIES + [
+def _insert_before(names: List[str], anchor: str, extra: List[str]) -> List[str]:
+    i = names.index(anchor)
+    return names[:i] + extra + names[i:]
+
+
+# NOTE (H9): fuse-conv-activation emits com.microsoft::FusedConv with the activations of ONNX Runtime's CPU
+# kernel; it runs before fuse-activations (which would turn x * HardSigmoid(x) into passctl::HardSwish).
+# fuse-gemm runs after the normalization/GELU families (they take the Linear bias Add first) and emits
+# Gemm or com.microsoft::FusedMatMul; fuse-gemm-standard emits standard ONNX only.
+_FUSE_ORT_FAMILIES: List[str] = _insert_before(
+    _insert_before(FUSE_FAMILIES, "fuse-activations", ["fuse-conv-activation"]), "dce", ["fuse-gemm"])
+_FUSE_STANDARD_FAMILIES: List[str] = _insert_before(FUSE_FAMILIES, "dce", ["fuse-gemm-standard"])
+
+FUSE_ONNXRUNTIME: List[str] = _FUSE_ORT_FAMILIES + [
     # NOTE: lowering last: every fusion emits canonical passctl:: ops; lower-onnxruntime turns them into
     # ONNX Runtime's contrib ops (com.microsoft) and ONNX ops, so nothing after it may add passctl ops.
     "lower-onnxruntime",
 ]
 
-FUSE_STANDARD: List[str] = FUSE_FAMILIES + [
+FUSE_STANDARD: List[str] = _FUSE_STANDARD_FAMILIES + [
     # NOTE: for emitters that import standard ONNX (TVM, TensorRT): canonical ops become the standard op
     # of the model's opset or its decomposition.
     "lower-standard",
@@ -68,10 +86,15 @@ REPARAM: List[str] = [
     "dce",
 ]
 
+# NOTE (H9): the GPU profiles run ONNX Runtime's CUDA execution provider, whose FusedConv kernel applies
+# only activation="Relu" (contrib_ops/cuda/fused_conv.cc, MapMode): no fuse-conv-activation there.
+FUSE_ONNXRUNTIME_GPU: List[str] = [n for n in FUSE_ONNXRUNTIME if n != "fuse-conv-activation"]
+
 # alias -> target -> ordered pass names. A target missing here uses DEFAULT_TARGET's list.
 ALIASES: Dict[str, Dict[str, List[str]]] = {
     "cleanup": {DEFAULT_TARGET: CLEANUP},
-    "fuse": {DEFAULT_TARGET: FUSE_ONNXRUNTIME, "tvm": FUSE_STANDARD, "tensorrt": FUSE_STANDARD},
+    "fuse": {DEFAULT_TARGET: FUSE_ONNXRUNTIME, "tvm": FUSE_STANDARD, "tensorrt": FUSE_STANDARD,
+             **{gpu: FUSE_ONNXRUNTIME_GPU for gpu in ("a10", "t4", "l4", "a100", "h100", "h200")}},
     "reparam": {DEFAULT_TARGET: REPARAM},
     "amp": {DEFAULT_TARGET: []},
     "flash-attn": {DEFAULT_TARGET: []},
