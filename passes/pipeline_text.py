@@ -269,8 +269,17 @@ def instantiate(spec: PassSpec) -> Pass:
 
 
 def build_pipeline(text: str, target: Optional[str] = None) -> List[Pass]:
-    """Parse ``text``, expand aliases for ``target`` and create the passes, in order."""
-    return [instantiate(s) for s in expand_specs(parse_pipeline(text, target), target)]
+    """Parse ``text``, expand aliases for ``target`` and create the passes, in order.
+
+    A pass whose ``Options`` declare a ``target`` field (``mixed-precision``) gets ``target`` there
+    unless the text sets it, so target-dependent passes see the CLI's ``--target``.
+    """
+    specs = expand_specs(parse_pipeline(text, target), target)
+    if target is not None:
+        for s in specs:
+            if "target" in _field_types(get_pass(s.name)) and "target" not in s.options:
+                s.options = dict(s.options, target=target)
+    return [instantiate(s) for s in specs]
 
 
 def format_pass(p: Pass) -> str:

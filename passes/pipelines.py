@@ -86,6 +86,18 @@ REPARAM: List[str] = [
     "dce",
 ]
 
+AMP: List[str] = [
+    # NOTE (H13): infer-shapes first: mixed-precision decides per node from the element types of its
+    # inputs and outputs (only float32 nodes with a known op are converted), and exports keep few types
+    # for intermediate values.
+    "infer-shapes",
+    # NOTE: mixed-precision assigns fp16/bf16 per node, measures and searches the float32 set, inserts
+    # the Casts, converts each weight once and removes redundant Casts itself.
+    "mixed-precision",
+    # NOTE: dce last: Constant nodes and shape computations that only fed replaced weights are dead.
+    "dce",
+]
+
 # NOTE (H9): the GPU profiles run ONNX Runtime's CUDA execution provider, whose FusedConv kernel applies
 # only activation="Relu" (contrib_ops/cuda/fused_conv.cc, MapMode): no fuse-conv-activation there.
 FUSE_ONNXRUNTIME_GPU: List[str] = [n for n in FUSE_ONNXRUNTIME if n != "fuse-conv-activation"]
@@ -96,7 +108,7 @@ ALIASES: Dict[str, Dict[str, List[str]]] = {
     "fuse": {DEFAULT_TARGET: FUSE_ONNXRUNTIME, "tvm": FUSE_STANDARD, "tensorrt": FUSE_STANDARD,
              **{gpu: FUSE_ONNXRUNTIME_GPU for gpu in ("a10", "t4", "l4", "a100", "h100", "h200")}},
     "reparam": {DEFAULT_TARGET: REPARAM},
-    "amp": {DEFAULT_TARGET: []},
+    "amp": {DEFAULT_TARGET: AMP},
     "flash-attn": {DEFAULT_TARGET: []},
     "quantize": {DEFAULT_TARGET: []},
 }
@@ -104,7 +116,6 @@ ALIASES: Dict[str, Dict[str, List[str]]] = {
 # Why an alias without passes fails: the feature that will bring them.
 NOT_YET: Dict[str, str] = {
     "fuse": "operator fusion is not implemented in this version",
-    "amp": "automatic mixed precision is not implemented in this version",
     "flash-attn": "attention substitution (FlashAttention / fused attention) is not implemented in this version",
     "quantize": "quantization is not implemented in this version",
 }

@@ -41,6 +41,8 @@ _builtin_modules: List[str] = [
     "passctl.passes.fusion.lower_tvm",
     # Structural re-parameterization (issue 7, H11).
     "passctl.passes.reparam.merge_branches",
+    # Layer-wise mixed precision (issue 8, H13).
+    "passctl.passes.precision.amp",
 ]
 
 _PASSES: Dict[str, Type[Pass]] = {}

@@ -71,7 +71,6 @@ def test_cleanup_alias_expands_in_order():
 
 
 @pytest.mark.parametrize("alias,feature", [
-    ("amp", "mixed precision"),
     ("flash-attn", "attention"), ("quantize", "quantization")])
 def test_aliases_without_passes_say_what_is_missing(alias, feature):
     with pytest.raises(UserError) as info:

@@ -1,0 +1,232 @@
+"""mixed-precision: per-node fp16/bf16 under an accuracy budget, written as a strongly typed graph."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Literal, Optional, Set
+
+from passctl.ir import DataType, Graph, Model, Node
+from passctl.ir.errors import UserError
+from passctl.passes._snapshot import clone_model
+from passctl.passes.base import Pass, PassResult
+from passctl.passes.common.constants import constant_tensor
+from passctl.passes.precision.casts import WeightCache, apply_precision
+from passctl.passes.precision.cpu_kernels import needs_emulation
+from passctl.passes.precision.ops import convertible, float_inputs, has_float32, is_exact
+from passctl.passes.precision.rules import LOW_DTYPES, becomes_inf, finite_max, rule_fp32_nodes
+from passctl.passes.precision.sensitivity import (calibration_inputs, measure, output_error, run_model,
+                                                  search_fp32_set)
+from passctl.passes.registry import register_pass
+from passctl.targets.profiles import TargetProfile, get_target
+
+logger = logging.getLogger(__name__)
+
+MEASURED = "measured sensitivity"
+OVERFLOW = "overflow"
+FOLLOWS = "follows its producers"
+
+
+def target_support(target: TargetProfile) -> Dict[str, Any]:
+    """What ``target`` allows for ``amp``: the dtypes and whether the graph is emulated.
+
+    GPU profiles: fp16 on every one (Turing and newer have fp16 tensor cores), bf16 from sm_80
+    (Ampere) on, as the profile's ``fast_dtypes`` say. The CPU: fp16 and bf16 both, for checking
+    only: low-precision nodes compute in float32 between Casts (``emulated``), because ONNX Runtime's
+    CPU execution provider has no bf16 kernels for arithmetic and adds its own fp32 Casts around
+    most fp16 ones.
+    """
+    if not target.is_gpu:
+        return {"target": target.name, "dtypes": ["fp16", "bf16"], "emulated": True,
+                "note": "cpu: low precision is emulated (float32 compute on fp16/bf16 values) for "
+                        "checking; the CPU has no fast path"}
+    dtypes = [d for d in ("fp16", "bf16") if target.supports(d)
+              and (d != "bf16" or target.compute_capability >= (8, 0))]
+    return {"target": target.name, "compute_capability": target.sm, "dtypes": dtypes,
+            "emulated": False}
+
+
+def parse_dims(text: str) -> Dict[str, int]:
+    """``"batch=1,sequence=64"`` -> ``{"batch": 1, "sequence": 64}``.
+
+    Raises:
+        UserError: an entry is not ``name=integer``.
+    """
+    dims: Dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.replace(";", ",").split(","))):
+        name, _, value = part.partition("=")
+        if not value.strip().isdigit():
+            raise UserError(f"amp: dims entry '{part}' is not name=integer (e.g. dims=sequence=64)")
+        dims[name.strip()] = int(value)
+    return dims
+
+
+@register_pass
+class MixedPrecision(Pass):
+    """Run every node it can in fp16 or bf16, keep float32 where rules or measurements say so.
+
+    Rules:
+      1. Nodes that stay float32 by rule (``rules.rule_fp32_nodes``): decomposed LayerNorm/RMSNorm
+         statistics, Softmax and its input, Exp, long reductions, mask constants such as float32 min,
+         ops without a low-precision form.
+      2. Measured (``measure=true``): calibration feeds (``calib`` folder of .npz, or ``samples``
+         seeded random feeds) give every float32 value's largest magnitude; a value that would be inf
+         in the low type keeps its producer and consumers float32 (``overflow``). The same run gives
+         each remaining node's sensitivity: its output error alone in low precision.
+      3. Search: nodes ranked by sensitivity (``max-rel`` ranks by local max relative error, the other
+         metrics by local mean relative error); galloping + bisection finds the fewest leading nodes
+         to keep float32 so that the model outputs meet ``budget`` under ``metric``.
+      4. Exact ops (Reshape, Transpose, Gather, Concat, Where, Relu, ...) follow their producers:
+         low when all their non-constant float inputs are low, so no Cast ping-pong appears around
+         them.
+      5. Writing (``casts.apply_precision``): each weight converted once and stored in the low type,
+         one Cast per (value, type), graph inputs/outputs keep float32 (``keep_io``); on the cpu target
+         the low nodes are emulated (``target_support``).
+
+    Statistics: ``dtype``, ``target`` (what it supports), ``low_nodes``, ``fp32_nodes``, ``nodes``
+    (one entry per float node: name, op, precision, why, measured max_rel/mean_rel), ``search``
+    (runs, error, seconds), ``measure_seconds`` and the Cast statistics.
+    """
+
+    name = "mixed-precision"
+    summary = "Assign fp16/bf16 per node under an accuracy budget; insert and simplify Casts"
+
+    @dataclass
+    class Options:
+        """Options of mixed-precision (the ``amp`` alias).
+
+        Attributes:
+            dtype: the low precision, ``fp16`` or ``bf16``.
+            budget: largest model-output error allowed under ``metric``.
+            metric: ``max-rel`` (max |r-c| / max |r|), ``mean-rel`` (sum |r-c| / sum |r|) or
+                ``cosine`` (1 - cosine similarity), worst over outputs and calibration feeds.
+            calib: folder of ``.npz`` calibration feeds (arrays by graph input name); empty: random.
+            samples: number of seeded random feeds when ``calib`` is empty.
+            seed: seed of the first random feed.
+            dims: sizes of symbolic input dimensions for random feeds, e.g. ``batch=1;sequence=64``.
+            measure: measure ranges and sensitivity and search (false: rules only).
+            long_reduction: reduced element count from which a sum stays float32.
+            keep_io: keep float32 graph inputs and outputs float32.
+            target: target profile name (the pipeline's ``--target`` when built by the CLI).
+            emulate: compute low nodes in float32 behind Casts (default: on the cpu target only).
+        """
+
+        dtype: Literal["fp16", "bf16"] = "fp16"
+        budget: float = 1e-3
+        metric: Literal["max-rel", "mean-rel", "cosine"] = "mean-rel"
+        calib: str = ""
+        samples: int = 2
+        seed: int = 0
+        dims: str = ""
+        measure: bool = True
+        long_reduction: int = 4096
+        keep_io: bool = True
+        target: str = "cpu"
+        emulate: Optional[bool] = None
+
+    def run(self, model: Model) -> PassResult:
+        o = self.options
+        target = get_target(o.target)
+        support = target_support(target)
+        if o.dtype not in support["dtypes"]:
+            need = "sm_80 or newer (A100, A10, L4, H100, H200)" if o.dtype == "bf16" else "fp16 units"
+            other = f"use dtype={support['dtypes'][0]}" if support["dtypes"] else "use another target"
+            raise UserError(f"amp: dtype={o.dtype} is not supported on target {target.name} "
+                            f"({target.description}, {target.sm}): {o.dtype} needs {need}; {other}")
+        if o.metric not in ("max-rel", "mean-rel", "cosine"):
+            raise UserError(f"amp: metric={o.metric} is unknown; use max-rel, mean-rel or cosine")
+        low = LOW_DTYPES[o.dtype]
+        graph = model.graph
+        nodes = list(graph)
+        pos = {n: i for i, n in enumerate(nodes)}
+        why: Dict[int, str] = {pos[n]: r for n, r in rule_fp32_nodes(graph, low, o.long_reduction).items()}
+        compute = [i for i, n in enumerate(nodes)
+                   if has_float32(n) and convertible(n) and not is_exact(n) and i not in why]
+        stats: Dict[str, Any] = {"dtype": o.dtype, "target": support, "budget": o.budget,
+                                 "metric": o.metric}
+        score: Dict[int, Dict[str, float]] = {}
+        low_compute: Set[int] = set(compute)
+        if o.measure and compute:
+            low_compute = self._measure_and_search(model, compute, low, why, score, stats)
+        low_set = _follow(graph, nodes, low_compute, why)
+        emulate = o.emulate if o.emulate is not None else support["emulated"]
+        opset = model.opset
+        cast_stats = apply_precision(model, [nodes[i] for i in sorted(low_set)], low,
+                                     (lambda n: needs_emulation(n, opset)) if emulate else None,
+                                     o.keep_io)
+        report = []
+        for i, n in enumerate(nodes):
+            if not has_float32(n) and i not in low_set:
+                continue
+            entry = {"name": n.name, "op": n.op_type,
+                     "precision": o.dtype if i in low_set else "fp32"}
+            if i not in low_set:
+                entry["why"] = why.get(i, FOLLOWS)
+            entry.update(score.get(i, {}))
+            report.append(entry)
+        stats.update(low_nodes=len(low_set), fp32_nodes=len(report) - len(low_set), nodes=report,
+                     emulated=bool(emulate), **cast_stats)
+        logger.info("amp: %d nodes in %s, %d float32", len(low_set), o.dtype, stats["fp32_nodes"])
+        return PassResult(bool(low_set), stats)
+
+    def _measure_and_search(self, model: Model, compute: List[int], low: DataType, why: Dict[int, str],
+                            score: Dict[int, Dict[str, float]], stats: Dict[str, Any]) -> Set[int]:
+        o = self.options
+        nodes = list(model.graph)
+        feeds = calibration_inputs(model, o.calib, o.samples, o.seed, parse_dims(o.dims))
+        m = measure(model, compute, low, feeds)
+        stats["measure_seconds"] = round(m.seconds, 3)
+        stats["calibration_feeds"] = len(feeds)
+        limit = finite_max(low)
+        for i, n in enumerate(nodes):
+            values = [v for v in (*n.inputs, *n.outputs) if v is not None]
+            big = max((m.absmax.get(v.name, 0.0) for v in values), default=0.0)
+            if becomes_inf(big, low) and i not in why and has_float32(n):
+                why[i] = f"{OVERFLOW} (|x| up to {big:.3g} > {limit:.6g})"
+        for i in compute:
+            score[i] = {"max_rel": _round(m.max_rel.get(i)), "mean_rel": _round(m.mean_rel.get(i))}
+        candidates = [i for i in compute if i not in why]
+        key = m.max_rel if o.metric == "max-rel" else m.mean_rel
+        ranking = sorted(candidates, key=lambda i: (-key.get(i, 0.0), i))
+        reference = run_model(model, feeds)
+        cache: WeightCache = {}
+
+        def evaluate(k: int) -> float:
+            trial = clone_model(model)
+            trial_nodes = list(trial.graph)
+            low_idx = _follow(trial.graph, trial_nodes, set(ranking[k:]), why)
+            opset = trial.opset
+            apply_precision(trial, [trial_nodes[i] for i in low_idx], low,
+                            lambda n: needs_emulation(n, opset), True, cache)
+            return output_error(reference, run_model(trial, feeds), o.metric)
+
+        result = search_fp32_set(ranking, evaluate, o.budget)
+        for rank, i in enumerate(ranking[:result.count]):
+            why[i] = f"{MEASURED} (rank {rank + 1})"
+        stats["search"] = {"seconds": round(result.seconds, 3), "runs": len(result.history),
+                           "history": [[k, _round(e)] for k, e in result.history],
+                           "fp32_by_search": result.count, "error": _round(result.error),
+                           "within_budget": result.within_budget}
+        if not result.within_budget:
+            logger.warning("amp: budget %g not met even with every searched node in float32", o.budget)
+        return set(ranking[result.count:])
+
+
+def _round(x: Optional[float]) -> Optional[float]:
+    return None if x is None else float(f"{x:.4g}")
+
+
+def _follow(graph: Graph, nodes: List[Node], low_compute: Set[int], why: Dict[int, str]) -> Set[int]:
+    """Add the exact ops whose non-constant float32 inputs are all produced by low nodes."""
+    low = set(low_compute)
+    low_nodes = {nodes[i] for i in low}
+    for i, n in enumerate(nodes):
+        if i in low or i in why or not is_exact(n) or not convertible(n):
+            continue
+        feeds = [n.inputs[k] for k in float_inputs(n)]
+        live = [v for v in feeds if constant_tensor(v) is None]
+        if live and all(v.producer in low_nodes for v in live):
+            low.add(i)
+            low_nodes.add(n)
+    return low

@@ -1,0 +1,93 @@
+"""Which ONNX ops can run in fp16/bf16, which of their inputs follow the data type, and which are exact."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from passctl.ir import DataType, Node
+
+ALL = None
+"""Marker: every input follows the op's float type ``T``."""
+
+# op_type -> input indices whose element type is the op's float type T (ONNX operator schemas, opset
+# 13-21); ALL means every input. Outputs of these ops that are float32 follow T too. An op missing
+# here has no low-precision form in passctl (it stays float32): ops whose output type comes from an
+# attribute (Cast, ConstantOfShape, RandomNormal, EyeLike), ops with subgraphs, custom domains.
+COMPUTE_OPS = {
+    # elementwise, rounding happens in the op
+    "Add": ALL, "Sub": ALL, "Mul": ALL, "Div": ALL, "Pow": ALL, "Sqrt": ALL, "Reciprocal": ALL,
+    "Exp": ALL, "Log": ALL, "Erf": ALL, "Tanh": ALL, "Sigmoid": ALL, "Softplus": ALL, "Gelu": ALL,
+    "HardSigmoid": ALL, "HardSwish": ALL, "Elu": ALL, "Selu": ALL, "LeakyRelu": ALL, "Mish": ALL,
+    "Sin": ALL, "Cos": ALL, "Softsign": ALL, "Sum": ALL, "Mean": ALL, "PRelu": ALL,
+    # contractions and normalizations
+    "MatMul": ALL, "Gemm": ALL, "Conv": ALL, "ConvTranspose": ALL, "BatchNormalization": ALL,
+    "InstanceNormalization": ALL, "LayerNormalization": ALL, "AveragePool": ALL,
+    "GlobalAveragePool": ALL, "Softmax": ALL, "LogSoftmax": ALL,
+    # reductions that add (ReduceMax/Min are exact, below)
+    "ReduceMean": (0,), "ReduceSum": (0,), "ReduceProd": (0,), "ReduceSumSquare": (0,),
+    "ReduceL1": (0,), "ReduceL2": (0,), "ReduceLogSum": (0,), "ReduceLogSumExp": (0,),
+}
+
+# Ops whose result is exact in any float type once their inputs are rounded (data movement,
+# selection, sign): they "follow" their producers instead of being searched (no rounding of their own).
+EXACT_OPS = {
+    "Reshape": (0,), "Transpose": ALL, "Squeeze": (0,), "Unsqueeze": (0,), "Flatten": ALL,
+    "Concat": ALL, "Split": (0,), "Slice": (0,), "Gather": (0,), "GatherElements": (0,),
+    "GatherND": (0,), "Expand": (0,), "Tile": (0,), "Identity": ALL, "Where": (1, 2), "Pad": (0, 2),
+    "DepthToSpace": ALL, "SpaceToDepth": ALL, "Relu": ALL, "Neg": ALL, "Abs": ALL, "Max": ALL,
+    "Min": ALL, "ReduceMax": (0,), "ReduceMin": (0,), "MaxPool": (0,), "GlobalMaxPool": ALL,
+    "Clip": ALL, "Floor": ALL, "Ceil": ALL, "Round": ALL, "Sign": ALL,
+}
+
+# Inputs that take any element type, so a low-precision value needs no Cast to feed them.
+ANY_TYPE_INPUTS = {"Shape": (0,), "Size": (0,), "Cast": (0,)}
+
+# Reductions whose rounding error grows with the number of elements added (rule long-reduction).
+ADDING_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceProd", "ReduceSumSquare", "ReduceL1",
+                               "ReduceL2", "ReduceLogSum", "ReduceLogSumExp"})
+
+_STANDARD = ("", "ai.onnx")
+
+
+def typed_inputs(node: Node) -> Optional[Tuple[int, ...]]:
+    """Input indices of ``node`` that follow its float type T, or None when the op has no
+    low-precision form here (unknown op, custom domain, subgraphs)."""
+    if node.domain not in _STANDARD or node.subgraphs():
+        return None
+    table = COMPUTE_OPS if node.op_type in COMPUTE_OPS else EXACT_OPS
+    if node.op_type not in table:
+        return None
+    slots = table[node.op_type]
+    if node.op_type == "Pow":  # Pow-15: the exponent has its own type T1 (float or integer)
+        exponent = node.inputs[1] if len(node.inputs) > 1 else None
+        return (0, 1) if exponent is not None and exponent.dtype == DataType.FLOAT else (0,)
+    return tuple(range(len(node.inputs))) if slots is ALL else slots
+
+
+def float_inputs(node: Node) -> Tuple[int, ...]:
+    """The T-typed input indices of ``node`` that hold float32 values now (empty if none)."""
+    slots = typed_inputs(node) or ()
+    return tuple(i for i in slots if i < len(node.inputs) and node.inputs[i] is not None
+                 and node.inputs[i].dtype == DataType.FLOAT)
+
+
+def is_exact(node: Node) -> bool:
+    """Whether ``node`` is a data-movement or selection op (its low-precision result is exact)."""
+    return node.domain in _STANDARD and node.op_type in EXACT_OPS
+
+
+def has_float32(node: Node) -> bool:
+    """Whether any input or output of ``node`` is a float32 tensor."""
+    return any(v is not None and v.dtype == DataType.FLOAT for v in (*node.inputs, *node.outputs))
+
+
+def convertible(node: Node) -> bool:
+    """Whether ``node`` can run in low precision: a known op whose T-typed values are all float32
+    (an op already in fp16, or in float64, is left alone)."""
+    slots = typed_inputs(node)
+    if slots is None:
+        return False
+    typed = [node.inputs[i] for i in slots if i < len(node.inputs) and node.inputs[i] is not None]
+    if not typed or any(v.dtype != DataType.FLOAT for v in typed):
+        return False
+    return all(o.dtype == DataType.FLOAT for o in node.outputs)

@@ -1,0 +1,268 @@
+"""Calibration runs for mixed precision: value ranges, per-node sensitivity, and the fp32-set search."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from passctl.ir import Attr, AttrType, DataType, Model, Node, Shape, TensorType, Value, to_onnx
+from passctl.ir.errors import UserError
+from passctl.passes._snapshot import clone_model
+from passctl.passes.precision.ops import float_inputs
+
+logger = logging.getLogger(__name__)
+
+METRICS = ("max-rel", "mean-rel", "cosine")
+Feeds = List[Dict[str, np.ndarray]]
+
+
+def calibration_inputs(model: Model, calib: str = "", samples: int = 2, seed: int = 0,
+                       dims: Optional[Mapping[str, int]] = None) -> Feeds:
+    """The calibration feeds: every ``*.npz`` of folder ``calib`` (one run each, arrays by input
+    name), or ``samples`` seeded random feeds from :func:`passctl.tools.inputs.make_inputs` (its
+    declared ranges: ids in [0, 1000), masks all ones, floats in [-1, 1)), seeds ``seed, seed+1, ...``.
+
+    Raises:
+        UserError: ``calib`` is not a folder of .npz files, or a file lacks a graph input.
+    """
+    names = [v.name for v in model.graph.inputs if not v.is_initializer()]
+    if calib:
+        files = sorted(glob.glob(os.path.join(calib, "*.npz")))
+        if not files:
+            raise UserError(f"amp: calib={calib} holds no .npz files; give a folder of .npz files, "
+                            f"each with the arrays {names}")
+        feeds = []
+        for path in files:
+            with np.load(path) as data:
+                missing = [n for n in names if n not in data.files]
+                if missing:
+                    raise UserError(f"amp: calibration file {path} lacks inputs {missing}; it has "
+                                    f"{data.files}")
+                feeds.append({n: data[n] for n in names})
+        return feeds
+    from passctl.tools.inputs import make_inputs
+
+    header = to_onnx(_interface_only(model))
+    return [make_inputs(header, seed=seed + k, dim_values=dims) for k in range(max(1, samples))]
+
+
+def _interface_only(model: Model) -> Model:
+    """A node-less copy holding only the graph inputs (for make_inputs, which reads declarations)."""
+    from passctl.ir import Graph
+
+    inputs = [Value(v.name, v.type) for v in model.graph.inputs if not v.is_initializer()]
+    return Model(Graph(inputs, [], []), model.opset_imports, model.ir_version)
+
+
+def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = None,
+              threads: Optional[int] = None) -> List[Dict[str, np.ndarray]]:
+    """Run ``model`` (IR, weights embedded; under 2 GB) on ONNX Runtime's CPU EP for every feed.
+
+    Graph optimizations are off (``ORT_DISABLE_ALL``) so the Casts that round to low precision are
+    executed as written.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    data = to_onnx(model).SerializeToString()
+    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    del data
+    names = list(outputs) if outputs is not None else [o.name for o in session.get_outputs()]
+    wanted = [i.name for i in session.get_inputs()]
+    return [dict(zip(names, session.run(names, {n: f[n] for n in wanted}))) for f in feeds]
+
+
+@dataclass
+class Measurement:
+    """What one calibration pass measured.
+
+    Attributes:
+        absmax: float32 value name -> largest finite |x| seen over the feeds.
+        max_rel: node position -> max |low - fp32| / max |fp32| of the node's first output, with only
+            that node in low precision (inputs exact float32, rounded on entry).
+        mean_rel: node position -> sum |low - fp32| / sum |fp32| (same run).
+        seconds: wall time of the run, including building the session.
+    """
+
+    absmax: Dict[str, float] = field(default_factory=dict)
+    max_rel: Dict[int, float] = field(default_factory=dict)
+    mean_rel: Dict[int, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def measure(model: Model, candidates: Sequence[int], low: DataType, feeds: Feeds) -> Measurement:
+    """Measure value ranges and every candidate's sensitivity in one ONNX Runtime session.
+
+    The session runs a copy of the float32 graph extended with, for each value, ``ReduceMax(Abs(v))``,
+    and for each candidate node (by position in ``model.graph``) a clone reading its float inputs
+    rounded to ``low`` (``Cast(Cast(x, low), float)``) whose first output, rounded the same way, is
+    compared with the float32 output (``ReduceMax`` and ``ReduceSum`` of the absolute difference). The
+    outputs are scalars only, so one run covers all nodes whatever the model size.
+    """
+    start = time.perf_counter()
+    work = clone_model(model)
+    graph = work.graph
+    nodes = list(graph)
+    outputs: List[Value] = []
+    counter = [0]
+
+    def op(op_type: str, inputs: List[Value], dtype: DataType, scalar: bool = False, **attrs) -> Value:
+        counter[0] += 1
+        out = Value(f"amp_m{counter[0]}", TensorType(dtype, Shape(()) if scalar else None))
+        node = Node("", op_type, inputs, [Attr(k, AttrType.INT, v) for k, v in attrs.items()], [out],
+                    name=f"amp_m{counter[0]}_{op_type}")
+        graph.append(node)
+        return out
+
+    def absmax(v: Value) -> Value:
+        return op("ReduceMax", [op("Abs", [v], DataType.FLOAT)], DataType.FLOAT, True, keepdims=0)
+
+    range_names: Dict[str, str] = {}
+    for v in list(graph.inputs) + [o for n in nodes for o in n.outputs]:
+        if v.dtype != DataType.FLOAT or v.is_initializer():
+            continue
+        if v.shape is not None and any(isinstance(d, int) and d == 0 for d in v.shape):
+            continue
+        out = absmax(v)
+        outputs.append(out)
+        range_names[v.name] = out.name
+    rounded: Dict[Value, Value] = {}
+
+    def round_low(v: Value) -> Value:
+        if v not in rounded:
+            rounded[v] = op("Cast", [op("Cast", [v], low, to=int(low))], DataType.FLOAT, to=int(DataType.FLOAT))
+        return rounded[v]
+
+    probes: Dict[int, Tuple[str, str, str]] = {}
+    for p in candidates:
+        node = nodes[p]
+        slots = set(float_inputs(node))
+        ins = [round_low(v) if i in slots else v for i, v in enumerate(node.inputs)]
+        outs = [Value(f"amp_c{p}_{k}", o.type) for k, o in enumerate(node.outputs)]
+        clone = Node(node.domain, node.op_type, ins, list(node.attributes.values()), outs,
+                     name=f"amp_clone_{p}")
+        graph.append(clone)
+        ref = node.outputs[0]
+        diff = op("Abs", [op("Sub", [round_low(outs[0]), ref], DataType.FLOAT)], DataType.FLOAT)
+        e_max = op("ReduceMax", [diff], DataType.FLOAT, True, keepdims=0)
+        e_sum = op("ReduceSum", [diff], DataType.FLOAT, True, keepdims=0)
+        r_sum = op("ReduceSum", [op("Abs", [ref], DataType.FLOAT)], DataType.FLOAT, True, keepdims=0)
+        outputs += [e_max, e_sum, r_sum]
+        probes[p] = (e_max.name, e_sum.name, r_sum.name)
+    graph.outputs = outputs
+    results = run_model(work, feeds)
+    m = Measurement()
+    for name, out in range_names.items():
+        values = [float(r[out]) for r in results if np.isfinite(r[out])]
+        m.absmax[name] = max(values) if values else 0.0
+    for p, (e_max, e_sum, r_sum) in probes.items():
+        ref_name = nodes[p].outputs[0].name
+        ref_max = m.absmax.get(ref_name, 0.0)
+        worst = max(float(r[e_max]) for r in results)
+        m.max_rel[p] = worst / ref_max if ref_max > 0 else (0.0 if worst == 0 else np.inf)
+        total = sum(float(r[r_sum]) for r in results)
+        err = sum(float(r[e_sum]) for r in results)
+        m.mean_rel[p] = err / total if total > 0 else (0.0 if err == 0 else np.inf)
+        if not np.isfinite(m.max_rel[p]):
+            m.max_rel[p] = np.inf
+    m.seconds = time.perf_counter() - start
+    logger.info("amp: measured %d values and %d nodes in %.1f s", len(range_names), len(probes),
+                m.seconds)
+    return m
+
+
+def output_error(reference: List[Dict[str, np.ndarray]], candidate: List[Dict[str, np.ndarray]],
+                 metric: str) -> float:
+    """The model-output error of ``candidate`` against ``reference`` (lists of per-feed outputs).
+
+    ``max-rel``: max |r - c| / max |r| per output (as :mod:`passctl.tools.check`); ``mean-rel``:
+    sum |r - c| / sum |r|; ``cosine``: 1 - cosine similarity of the flattened output. The worst over
+    outputs and feeds; inf when the candidate has a NaN or inf the reference does not.
+    """
+    worst = 0.0
+    for ref_run, cand_run in zip(reference, candidate):
+        for name, r in ref_run.items():
+            if not np.issubdtype(np.asarray(r).dtype, np.floating):
+                continue
+            r = np.asarray(r, np.float64).ravel()
+            c = np.asarray(cand_run[name], np.float64).ravel()
+            ok = np.isfinite(r)
+            if not np.isfinite(c[ok]).all():
+                return float("inf")
+            r, c = r[ok], c[ok]
+            if r.size == 0:
+                continue
+            if metric == "max-rel":
+                err = np.max(np.abs(r - c)) / max(np.max(np.abs(r)), 1e-12)
+            elif metric == "mean-rel":
+                err = np.sum(np.abs(r - c)) / max(np.sum(np.abs(r)), 1e-12)
+            else:
+                norm = np.linalg.norm(r) * np.linalg.norm(c)
+                err = 1.0 - (float(np.dot(r, c)) / norm if norm > 0 else 1.0)
+            worst = max(worst, float(err))
+    return worst
+
+
+@dataclass
+class SearchResult:
+    """Outcome of :func:`search_fp32_set`: ``count`` leading ranked nodes stay float32.
+
+    ``history`` holds ``(count, error)`` for every configuration run, in order; ``error`` is the
+    chosen configuration's measured error; ``seconds`` the search's wall time.
+    """
+
+    count: int
+    error: float
+    history: List[Tuple[int, float]]
+    seconds: float
+    within_budget: bool
+
+
+def search_fp32_set(ranking: Sequence[int], evaluate: Callable[[int], float], budget: float
+                    ) -> SearchResult:
+    """Smallest ``k`` such that keeping the ``k`` most sensitive nodes float32 meets ``budget``.
+
+    ``evaluate(k)`` runs the model with ``ranking[:k]`` float32 and the rest low and returns its
+    output error. Galloping then bisection over k (error is assumed to fall as k grows): k = 0, 1, 3,
+    7, ... until one meets the budget, then binary search between the last failing and the first
+    passing k, about 2 * log2(k) + 2 runs instead of one per node. ``k = len(ranking)`` (all
+    candidates float32, so the graph is unchanged) is taken as error 0 without a run.
+    """
+    start = time.perf_counter()
+    n = len(ranking)
+    history: List[Tuple[int, float]] = []
+    errors: Dict[int, float] = {n: 0.0}
+
+    def run(k: int) -> float:
+        if k not in errors:
+            errors[k] = evaluate(k)
+            history.append((k, errors[k]))
+            logger.info("amp search: %d fp32 nodes -> error %.3g", k, errors[k])
+        return errors[k]
+
+    lo, hi, step = -1, n, 1
+    k = 0
+    while k < n:
+        if run(k) <= budget:
+            hi = k
+            break
+        lo = k
+        k = min(n, k + step)
+        step *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run(mid) <= budget:
+            hi = mid
+        else:
+            lo = mid
+    return SearchResult(hi, errors[hi], history, time.perf_counter() - start, errors[hi] <= budget)
