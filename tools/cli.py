@@ -14,7 +14,7 @@ from passctl.ir.errors import UserError
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERNAL_ERROR = 0, 2, 3
-SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-targets")
+SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-targets", "run")
 
 
 class InternalError(Exception):
@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     lp = sub.add_parser("list-passes", help="registered passes, groups and their options")
     lp.add_argument("--load", action="append", default=[], metavar="FILE.py")
     sub.add_parser("list-targets", help="target profiles")
+    from passctl.tools import run_artifact
+
+    run_artifact.add_parser(sub)
     return parser
 
 
@@ -178,6 +181,10 @@ def _dispatch(args, argv: List[str], console) -> int:
         commands.list_passes(args.load, console)
     elif args.command == "list-targets":
         commands.list_targets(console)
+    elif args.command == "run":
+        from passctl.tools import run_artifact
+
+        return run_artifact.main(args, console)
     return EXIT_OK
 
 

@@ -1,0 +1,142 @@
+"""``passctl run ARTIFACT``: run an ONNX Runtime or TVM artifact on given or seeded inputs, time it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from passctl.ir.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(sub) -> None:
+    """Register the ``run`` subcommand on the CLI's subparsers object."""
+    p = sub.add_parser("run", help="run an artifact (ONNX Runtime or TVM) and print outputs and latency")
+    p.add_argument("artifact", help="an artifact folder written by passctl compile")
+    p.add_argument("--inputs", metavar="FILE.npz", help="arrays by input name (default: seeded random)")
+    p.add_argument("--runs", type=int, default=10, help="timed runs; the median is printed (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="size of a symbolic input dimension (ONNX Runtime artifacts; repeatable)")
+    p.add_argument("--save-outputs", metavar="FILE.npz", help="write the outputs to FILE.npz")
+
+
+def artifact_kind(folder: str) -> str:
+    """``"tvm"`` or ``"onnxruntime"`` from the files in ``folder``.
+
+    Raises:
+        UserError: ``folder`` is not a folder or holds neither artifact.
+    """
+    from passctl.targets.tvm.runtime import MANIFEST_FILE, is_tvm_artifact
+
+    if not os.path.isdir(folder):
+        raise UserError(f"artifact '{folder}' is not a folder; give the -o folder of passctl compile")
+    if is_tvm_artifact(folder):
+        return "tvm"
+    if os.path.isfile(os.path.join(folder, "session.json")):
+        return "onnxruntime"
+    raise UserError(f"artifact '{folder}' has neither session.json (ONNX Runtime) nor a TVM "
+                    f"{MANIFEST_FILE}; give the -o folder of passctl compile")
+
+
+class _Runner:
+    """One loaded artifact: its input declarations (an ONNX header for make_inputs) and a run()."""
+
+    def __init__(self, folder: str):
+        import onnx
+
+        self.kind = artifact_kind(folder)
+        if self.kind == "tvm":
+            from passctl.targets.tvm.runtime import load_artifact
+
+            try:
+                self.tvm = load_artifact(folder)
+            except ImportError as e:
+                raise UserError(f"artifact '{folder}' is a TVM artifact; running it needs apache-tvm "
+                                f"(pip install 'passctl[tvm]'): {e}") from e
+            graph_inputs = [onnx.helper.make_tensor_value_info(
+                i["name"], onnx.helper.np_dtype_to_tensor_dtype(np.dtype(i["dtype"])), i["shape"])
+                for i in self.tvm.manifest["inputs"]]
+            self.header = onnx.helper.make_model(onnx.helper.make_graph([], "inputs", graph_inputs, []))
+        else:
+            from passctl.targets.onnxruntime import create_session
+
+            self.session = create_session(folder)
+            self.header = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        if self.kind == "tvm":
+            return self.tvm.run(feeds)
+        names = [o.name for o in self.session.get_outputs()]
+        return dict(zip(names, self.session.run(None, dict(feeds))))
+
+
+def summarize(array: np.ndarray) -> str:
+    """One line: shape, dtype and (for numbers) min / max / mean / std of ``array``."""
+    head = f"{list(array.shape)} {array.dtype}"
+    if array.size == 0 or not np.issubdtype(array.dtype, np.number):
+        return head
+    a = array.astype(np.float64)
+    return f"{head}  min {a.min():.6g}  max {a.max():.6g}  mean {a.mean():.6g}  std {a.std():.6g}"
+
+
+def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warmup: int = 2,
+                 seed: int = 0, dims: Optional[Mapping[str, int]] = None
+                 ) -> Tuple[str, Dict[str, np.ndarray], List[float]]:
+    """Load ``folder``, run it ``warmup`` + ``runs`` times on the inputs; return what it printed.
+
+    Returns:
+        ``(kind, outputs, latencies_ms)``: the artifact kind, the outputs of the last run by name,
+        and the wall-clock milliseconds of each timed run.
+
+    Raises:
+        UserError: not an artifact, unreadable ``inputs``, ``runs`` < 1, or inputs that do not fit.
+    """
+    from passctl.tools.compile import load_input_file
+    from passctl.tools.inputs import make_inputs
+
+    if runs < 1 or warmup < 0:
+        raise UserError(f"--runs must be >= 1 and --warmup >= 0 (got {runs}, {warmup})")
+    runner = _Runner(folder)
+    feeds = make_inputs(runner.header, seed=seed, dim_values=dims, overrides=load_input_file(inputs))
+    try:
+        outputs = runner.run(feeds)
+        for _ in range(max(warmup - 1, 0)):
+            runner.run(feeds)
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            outputs = runner.run(feeds)
+            times.append((time.perf_counter() - start) * 1e3)
+    except (KeyError, ValueError) as e:
+        raise UserError(f"artifact '{folder}': the inputs do not fit: {e}") from e
+    return runner.kind, outputs, times
+
+
+def main(args, console) -> int:
+    """The ``run`` subcommand: print one line per output and the median latency; return 0."""
+    from passctl.tools.compile import parse_dims
+
+    kind, outputs, times = run_artifact(args.artifact, args.inputs, args.runs, args.warmup,
+                                        args.seed, parse_dims(args.dim))
+    console.print(f"{args.artifact}: {kind} artifact", markup=False, highlight=False)
+    for name, array in outputs.items():
+        console.print(f"  {name}: {summarize(array)}", markup=False, highlight=False)
+    console.print(f"latency: median {statistics.median(times):.3f} ms over {len(times)} runs "
+                  f"(min {min(times):.3f}, max {max(times):.3f}; {args.warmup} warm-up)",
+                  markup=False, highlight=False)
+    if args.save_outputs:
+        tmp = args.save_outputs + ".tmp.npz"
+        np.savez(tmp, **outputs)
+        os.replace(tmp, args.save_outputs)
+    return 0
+
+
+__all__ = ["add_parser", "artifact_kind", "main", "run_artifact", "summarize"]
