@@ -78,7 +78,7 @@ def save(model: Model, path: Union[str, os.PathLike], external_data: Optional[bo
                         "(2 GiB limit); save with external_data=True")
     exporter = _Exporter(stream_main=True)
     skeleton = exporter.model(model)
-    tail = exporter.main_graph_chunks(model.graph)
+    tail = exporter.graph_chunks(model.graph)
 
     def write(f):
         f.write(skeleton.SerializeToString())
@@ -180,12 +180,13 @@ def _all_tensors(model: Model) -> Iterator[Tensor]:
 # -- proto building -----------------------------------------------------------------------------
 class _Exporter:
     """Builds the protos. ``stream_main``: leave the main graph's nodes and initializers out
-    (save() streams them, see :meth:`main_graph_chunks`); ``external``: id(tensor) -> (offset,
+    (save() streams them, see :meth:`graph_chunks`); ``external``: id(tensor) -> (offset,
     length) in the data file ``location``."""
 
     def __init__(self, stream_main: bool = False, external: Optional[Dict] = None,
                  location: str = ""):
         self.stream_main = stream_main
+        self._stream_memo: Dict[int, bool] = {}
         self.external = external or {}
         self.location = location
         self.names: Dict[Value, str] = {}
@@ -201,7 +202,7 @@ class _Exporter:
             if value:  # proto2 presence: leave defaults unset, as onnx.helper does
                 setattr(p, field, value)
         _meta(p.metadata_props, m.metadata_props)
-        self.graph(m.graph, p.graph, main=True)
+        self.graph(m.graph, p.graph, omit_body=self.stream_main)
         for f in m.functions.values():
             self.function(f, p.functions.add())
         for field, items in m.extra.items():
@@ -231,14 +232,15 @@ class _Exporter:
                 self.value_info(v, p.value_info.add())
         _meta(p.metadata_props, f.metadata_props)
 
-    def graph(self, g: Graph, p: onnx.GraphProto, main: bool = False) -> None:
+    def graph(self, g: Graph, p: onnx.GraphProto, omit_body: bool = False) -> None:
+        """Fill ``p`` from ``g``; ``omit_body`` leaves out nodes and initializers (streamed)."""
         if g.name:
             p.name = g.name
         if g.doc_string:
             p.doc_string = g.doc_string
         for v in g.inputs:
             self.value_info(v, p.input.add())
-        if not (main and self.stream_main):
+        if not omit_body:
             for v in g.initializers.values():
                 self.tensor(v.const, p.initializer.add(), v.name)
             for i, n in enumerate(g):
@@ -266,12 +268,20 @@ class _Exporter:
             for b in items:
                 target.add().ParseFromString(b)
 
-    def main_graph_chunks(self, g: Graph) -> List[Chunk]:
-        """The main graph's nodes and initializers as GraphProto fields, in chunks: encoded bytes,
-        and Tensors for large raw data (initializers, tensor attributes such as Constant values),
-        written from where they are without a second copy in memory."""
+    def graph_chunks(self, g: Graph, skeleton: bool = False) -> List[Chunk]:
+        """The graph's nodes and initializers as GraphProto fields, in chunks: encoded bytes, and
+        Tensors for large raw data (initializers, tensor attributes such as Constant values, also
+        inside subgraphs), written from where they are without a second copy in memory.
+
+        Args:
+            g: the graph.
+            skeleton: also encode its other fields first (for a subgraph; the main graph's are in
+                the ModelProto skeleton).
+        """
         body: List[Chunk] = []
         batch = onnx.GraphProto()  # runs of plain nodes / initializers, encoded in one go
+        if skeleton:
+            self.graph(g, batch, omit_body=True)
 
         def flush():
             if batch.ByteSize():
@@ -279,8 +289,7 @@ class _Exporter:
                 batch.Clear()
 
         for i, n in enumerate(g):
-            if any(a.type == AttrType.TENSOR and not a.ref_attr_name and _streamable(a.value)
-                   for a in n.attributes.values()):
+            if self._streams(n):
                 flush()
                 body.extend(field_chunks(1, self._node_chunks(n, i)))
             else:
@@ -295,17 +304,45 @@ class _Exporter:
         flush()
         return body
 
+    def _streams(self, n: Node) -> bool:
+        """Whether the node holds raw data to stream (in a tensor attribute or a subgraph)."""
+        for a in n.attributes.values():
+            if a.ref_attr_name:
+                continue
+            if a.type == AttrType.TENSOR and _streamable(a.value):
+                return True
+            if any(self._graph_streams(sub) for sub in a.graphs()):
+                return True
+        return False
+
+    def _graph_streams(self, g: Graph) -> bool:
+        got = self._stream_memo.get(id(g))
+        if got is None:
+            got = self._stream_memo[id(g)] = any(
+                _streamable(v.const) for v in g.initializers.values()) or any(
+                self._streams(n) for n in g)
+        return got
+
     def _node_chunks(self, n: Node, index: int) -> List[Chunk]:
         p = onnx.NodeProto()
         self.node(n, index, p, attributes=False)
         chunks: List[Chunk] = [p.SerializeToString()]
         for a in n.attributes.values():
             ap = onnx.AttributeProto()
-            if a.type == AttrType.TENSOR and not a.ref_attr_name and _streamable(a.value):
+            streamed_graphs = not a.ref_attr_name and any(
+                self._graph_streams(sub) for sub in a.graphs())
+            if a.type == AttrType.TENSOR and not a.ref_attr_name and _streamable(a.value) \
+                    or streamed_graphs:
                 ap.name, ap.type = a.name, int(a.type)
                 if a.doc_string:
                     ap.doc_string = a.doc_string
-                body = [ap.SerializeToString()] + field_chunks(5, self._tensor_chunks(a.value))
+                body = [ap.SerializeToString()]
+                if a.type == AttrType.TENSOR:
+                    body += field_chunks(5, self._tensor_chunks(a.value))
+                else:  # GRAPH (field g = 6) or GRAPHS (field graphs = 11)
+                    number = 6 if a.type == AttrType.GRAPH else 11
+                    for sub in a.graphs():
+                        body += field_chunks(number, self.graph_chunks(sub, skeleton=True))
             else:
                 self.attr(a, ap)
                 body = [ap.SerializeToString()]

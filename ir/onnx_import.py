@@ -102,13 +102,13 @@ class _Importer:
     def __init__(self, base_dir: str, consume: bool, raw: Optional[Split] = None):
         self.base_dir = base_dir
         self.consume = consume
-        # raw_data of the main graph's tensors read apart from the proto by onnx_split.
-        self.raw = raw or Split()
+        # raw_data read apart from the proto by onnx_split, by tensor path (see Split).
+        self.raw = raw.tensors if raw is not None else {}
 
     # -- model ----------------------------------------------------------------------------------
     def model(self, p: onnx.ModelProto) -> Model:
         opsets = {o.domain: o.version for o in p.opset_import}
-        graph = self.graph(p.graph, None, raw=self.raw)
+        graph = self.graph(p.graph, None, ())
         functions = [self.function(f) for f in p.functions]
         m = Model(graph, opsets, ir_version=p.ir_version, producer_name=p.producer_name,
                   producer_version=p.producer_version, domain=p.domain,
@@ -138,9 +138,11 @@ class _Importer:
         return fn
 
     # -- graph ----------------------------------------------------------------------------------
-    def graph(self, gp: onnx.GraphProto, parent: Optional[_Scope], raw: Optional[Split] = None
+    def graph(self, gp: onnx.GraphProto, parent: Optional[_Scope], path: Optional[tuple] = None
               ) -> Graph:
-        raw = raw or Split()
+        """``path``: where the graph sits (see onnx_split.Split); None inside functions."""
+        if not self.raw:
+            path = None
         scope = _Scope(parent)
         g = Graph(name=gp.name, doc_string=gp.doc_string)
         g.metadata_props = {e.key: e.value for e in gp.metadata_props}
@@ -150,7 +152,7 @@ class _Importer:
             g.add_input(v)
         infos = {vi.name: vi for vi in gp.value_info}
         for i, tp in enumerate(gp.initializer):
-            tensor = self.tensor(tp, raw.initializers[i] if i < len(raw.initializers) else None)
+            tensor = self.tensor(tp, None if path is None else self.raw.get(path + ("init", i)))
             v = scope.names.get(tp.name)
             if v is None or v.graph is not g or v.const is not None:
                 v = self._new(scope, tp.name)
@@ -159,7 +161,7 @@ class _Importer:
                     self._set_info(v, vi)
             v.const = tensor
             g.add_initializer(v)
-        self._nodes(g, gp.node, scope, raw)
+        self._nodes(g, gp.node, scope, path)
         self._apply_value_info(scope, infos)
         for vi in gp.output:  # an output's declared type wins over a value_info entry
             v = scope.lookup(vi.name)
@@ -177,18 +179,18 @@ class _Importer:
                 g.extra[field] = [x.SerializeToString() for x in items]
         return g
 
-    def _nodes(self, g: Graph, nodes, scope: _Scope, raw: Optional[Split] = None) -> None:
+    def _nodes(self, g: Graph, nodes, scope: _Scope, path: Optional[tuple] = None) -> None:
         # Create every output first, so a graph whose nodes are not in topological order (or a
         # subgraph reading a value defined later in the outer graph) still resolves.
         for np_ in nodes:
             for name in np_.output:
                 if name and name not in scope.names:
                     scope.names[name] = Value(name)
-        raws = raw.node_attributes if raw is not None else {}
         for index, np_ in enumerate(nodes):
-            g.append(self.node(np_, index, scope, raws))
+            g.append(self.node(np_, index, scope, None if path is None else path + ("node", index)))
 
-    def node(self, np_: onnx.NodeProto, index: int, scope: _Scope, raws=None) -> Node:
+    def node(self, np_: onnx.NodeProto, index: int, scope: _Scope,
+             path: Optional[tuple] = None) -> Node:
         inputs = [scope.lookup(n) if n else None for n in np_.input]
         outputs = []
         for name in np_.output:
@@ -196,7 +198,7 @@ class _Importer:
             if v is None or v.producer is not None or v.graph is not None:
                 v = Value(name)  # omitted output, or a name defined twice (invalid model)
             outputs.append(v)
-        attrs = [self.attr(a, scope, raws.get((index, i)) if raws else None)
+        attrs = [self.attr(a, scope, None if path is None else path + (i,))
                  for i, a in enumerate(np_.attribute)]
         meta = {e.key: e.value for e in np_.metadata_props}
         prov = default_provenance(np_.name, np_.op_type, index)
@@ -213,7 +215,7 @@ class _Importer:
                     overload=np_.overload, doc_string=np_.doc_string, provenance=prov,
                     metadata_props=meta)
 
-    def attr(self, a: onnx.AttributeProto, scope: _Scope, raw: Optional[bytes] = None) -> Attr:
+    def attr(self, a: onnx.AttributeProto, scope: _Scope, path: Optional[tuple] = None) -> Attr:
         t = AttrType(a.type)
         if a.ref_attr_name:
             return Attr(a.name, t, None, a.doc_string, a.ref_attr_name)
@@ -224,9 +226,9 @@ class _Importer:
         elif t == AttrType.STRING:
             value = _str(a.s)
         elif t == AttrType.TENSOR:
-            value = self.tensor(a.t, raw)
+            value = self.tensor(a.t, None if path is None else self.raw.get(path))
         elif t == AttrType.GRAPH:
-            value = self.graph(a.g, scope)
+            value = self.graph(a.g, scope, path)
         elif t == AttrType.SPARSE_TENSOR:
             value = _copy(a.sparse_tensor)
         elif t == AttrType.TYPE_PROTO:
@@ -240,7 +242,8 @@ class _Importer:
         elif t == AttrType.TENSORS:
             value = tuple(self.tensor(x) for x in a.tensors)
         elif t == AttrType.GRAPHS:
-            value = tuple(self.graph(x, scope) for x in a.graphs)
+            value = tuple(self.graph(x, scope, None if path is None else path + (k,))
+                          for k, x in enumerate(a.graphs))
         elif t == AttrType.SPARSE_TENSORS:
             value = tuple(_copy(x) for x in a.sparse_tensors)
         elif t == AttrType.TYPE_PROTOS:

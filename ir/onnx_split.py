@@ -17,9 +17,9 @@ import onnx
 from passctl.ir.onnx_stream import varint
 
 # Field numbers (onnx.proto): ModelProto.graph, GraphProto.node / .initializer,
-# NodeProto.attribute, AttributeProto.t, TensorProto.raw_data.
+# NodeProto.attribute, AttributeProto.t / .g / .graphs, TensorProto.raw_data.
 _MODEL_GRAPH, _GRAPH_NODE, _GRAPH_INITIALIZER = 7, 1, 5
-_NODE_ATTRIBUTE, _ATTRIBUTE_T, _TENSOR_RAW_DATA = 5, 5, 9
+_NODE_ATTRIBUTE, _ATTRIBUTE_T, _ATTRIBUTE_G, _ATTRIBUTE_GRAPHS, _TENSOR_RAW_DATA = 5, 5, 6, 11, 9
 _LEN = 2
 MIN_SPLIT_BYTES = 1024  # smaller raw_data stays in the skeleton
 
@@ -33,8 +33,8 @@ class Truncated(Malformed):
 
 
 def split_model(path: str) -> Tuple[onnx.ModelProto, "Split"]:
-    """Parse ``path`` with the large ``raw_data`` of main-graph initializers and tensor attributes
-    read apart.
+    """Parse ``path`` with the large ``raw_data`` of the tensors of the main graph and its
+    subgraphs (initializers, tensor attributes) read apart.
 
     Returns:
         The ModelProto (those ``raw_data`` fields left out) and the :class:`Split` raw bytes.
@@ -79,88 +79,109 @@ class _Window:
         return self.buf[i]
 
 
+Key = Tuple  # where a tensor sits: see Split
+
+
 class Split:
-    """Raw data read apart from the proto: per main-graph initializer (None where the proto kept
-    its data), and per (main-graph node index, attribute index) for tensor attributes."""
+    """Raw data read apart from the proto, by where its tensor sits.
+
+    Keys are paths from the main graph: ``("init", i)`` for its i-th initializer, ``("node", n,
+    a)`` for attribute ``a`` of its n-th node (a tensor attribute, or the graph of a ``g``
+    attribute); a subgraph's entries continue that path, e.g. ``("node", 3, 0, "init", 1)``, and
+    the k-th graph of a ``graphs`` attribute adds ``k``: ``("node", 3, 0, k, ...)``.
+    """
 
     def __init__(self):
-        self.initializers: List[Optional[bytes]] = []
-        self.node_attributes: Dict[Tuple[int, int], bytes] = {}
+        self.tensors: Dict[Key, bytes] = {}
 
 
 class _Splitter:
     def __init__(self, mm: _Window, fd: int, size: int):
         self.mm, self.fd, self.size = mm, fd, size
-        self.model_parts: List[bytes] = []
-        self.graph_parts: List[bytes] = []
-        self.tensors: List[bytes] = []
         self.split = Split()
-        self.node_count = 0
-        self.saw_graph = False
+        # Per graph path: [nodes seen, initializers seen] (a repeated graph field continues).
+        self.counts: Dict[Key, List[int]] = {}
 
     def run(self) -> Tuple[onnx.ModelProto, Split]:
+        model_parts: List[bytes] = []
+        graph_parts: List[bytes] = []
         for field, wire, start, body, end in self._fields(0, self.size):
             if field == _MODEL_GRAPH and wire == _LEN:
-                self.saw_graph = True
-                self._graph(body, end)
+                graph_parts.append(self._graph(body, end, ()))
             else:
-                self.model_parts.append(self.mm[start:end])
-        model = onnx.ModelProto.FromString(b"".join(self.model_parts))
-        if self.saw_graph:
-            model.graph.MergeFromString(b"".join(self.graph_parts))
-            for t in self.tensors:
-                model.graph.initializer.add().MergeFromString(t)
+                model_parts.append(self.mm[start:end])
+        model = onnx.ModelProto.FromString(b"".join(model_parts))
+        if graph_parts:
+            model.graph.MergeFromString(b"".join(graph_parts))
         return model, self.split
 
-    def _graph(self, pos: int, end: int) -> None:
+    def _graph(self, pos: int, end: int, path: Key) -> bytes:
+        """A GraphProto's encoding with the large raw_data of its tensors (and its subgraphs')
+        taken out."""
+        counts = self.counts.setdefault(path, [0, 0])
+        parts: List[bytes] = []
         for field, wire, start, body, stop in self._fields(pos, end):
             if field == _GRAPH_INITIALIZER and wire == _LEN:
                 payload, raw = self._tensor(body, stop)
-                self.tensors.append(payload)
-                self.split.initializers.append(raw)
+                if raw is not None:
+                    self.split.tensors[path + ("init", counts[1])] = raw
+                parts.append(_field(_GRAPH_INITIALIZER, payload))
+                counts[1] += 1
             elif field == _GRAPH_NODE and wire == _LEN:
-                self.graph_parts.append(self._node(start, body, stop))
-                self.node_count += 1
+                parts.append(self._node(start, body, stop, path + ("node", counts[0])))
+                counts[0] += 1
             else:
-                self.graph_parts.append(self.mm[start:stop])
+                parts.append(self.mm[start:stop])
+        return b"".join(parts)
 
-    def _node(self, start: int, pos: int, end: int) -> bytes:
-        """The node field, with large tensor-attribute raw_data taken out (e.g. Constant values)."""
+    def _node(self, start: int, pos: int, end: int, path: Key) -> bytes:
+        """The node field, with large raw_data of tensor attributes (e.g. Constant values) and of
+        subgraph tensors taken out."""
         if end - pos < MIN_SPLIT_BYTES:
             return self.mm[start:end]
-        parts: List[bytes] = []
+        parts: List = []  # bytes, or (start, stop) ranges read only if the node changes
         changed = False
         index = 0
         for field, wire, fstart, body, stop in self._fields(pos, end):
             if field == _NODE_ATTRIBUTE and wire == _LEN:
-                if stop - body >= MIN_SPLIT_BYTES:
-                    payload, raw = self._attribute(body, stop)
-                    if raw is not None:
-                        self.split.node_attributes[(self.node_count, index)] = raw
-                        parts.append(_field(_NODE_ATTRIBUTE, payload))
-                        changed = True
-                        index += 1
-                        continue
+                new = self._attribute(body, stop, path + (index,)) \
+                    if stop - body >= MIN_SPLIT_BYTES else None
                 index += 1
-            parts.append(self.mm[fstart:stop])
+                if new is not None:
+                    parts.append(_field(_NODE_ATTRIBUTE, new))
+                    changed = True
+                    continue
+            parts.append((fstart, stop))
         if not changed:
             return self.mm[start:end]
-        return _field(_GRAPH_NODE, b"".join(parts))
+        return _field(_GRAPH_NODE, b"".join(
+            p if isinstance(p, bytes) else self.mm[p[0]:p[1]] for p in parts))
 
-    def _attribute(self, pos: int, end: int) -> Tuple[bytes, Optional[bytes]]:
+    def _attribute(self, pos: int, end: int, path: Key) -> Optional[bytes]:
+        """The attribute's encoding with raw data taken out, or None when nothing was."""
         fields = list(self._fields(pos, end))
-        tensors = [f for f in fields if f[0] == _ATTRIBUTE_T and f[1] == _LEN]
-        if len(tensors) != 1:  # no tensor, or several that protobuf would merge: keep as is
-            return b"", None
+        singular = [f[0] for f in fields if f[0] in (_ATTRIBUTE_T, _ATTRIBUTE_G) and f[1] == _LEN]
+        if len(singular) != len(set(singular)):  # a repeated t / g that protobuf would merge
+            return None
         parts: List[bytes] = []
-        raw = None
+        changed = False
+        k = 0
         for field, wire, fstart, body, stop in fields:
-            if field == _ATTRIBUTE_T and wire == _LEN:
+            if wire == _LEN and field == _ATTRIBUTE_T:
                 payload, raw = self._tensor(body, stop)
-                parts.append(_field(_ATTRIBUTE_T, payload))
+                if raw is not None:
+                    self.split.tensors[path] = raw
+                    changed = True
+            elif wire == _LEN and field in (_ATTRIBUTE_G, _ATTRIBUTE_GRAPHS):
+                sub = path if field == _ATTRIBUTE_G else path + (k,)
+                k += field == _ATTRIBUTE_GRAPHS
+                payload = self._graph(body, stop, sub)
+                changed = changed or len(payload) != stop - body
             else:
                 parts.append(self.mm[fstart:stop])
-        return b"".join(parts), raw
+                continue
+            parts.append(_field(field, payload))
+        return b"".join(parts) if changed else None
 
     def _tensor(self, pos: int, end: int) -> Tuple[bytes, Optional[bytes]]:
         """A TensorProto's encoding without its large raw_data, and that raw_data (or None)."""

@@ -322,9 +322,9 @@ def test_reader_keeps_large_weights_out_of_the_proto(tmp_path):
     from passctl.ir.onnx_reader import read_model_file
 
     skeleton, raws = read_model_file(path)
-    assert raws.initializers[0] == big.tobytes() and raws.initializers[1] is None
+    # big and the Constant's value are read apart; small (256 bytes) stays in the proto.
+    assert raws.tensors == {("init", 0): big.tobytes(), ("node", 0, 0): big.T.tobytes()}
     assert not skeleton.graph.initializer[0].raw_data and skeleton.graph.initializer[1].raw_data
-    assert raws.node_attributes == {(0, 0): big.T.tobytes()}  # the Constant's value
     assert not skeleton.graph.node[0].attribute[0].t.raw_data
     model = load(path)
     assert np.array_equal(model.graph.initializers["big"].const.numpy(), big)
@@ -362,6 +362,46 @@ def test_tensors_built_in_the_ir_export(tmp_path):
         assert got["s"].tolist() == strings.tolist()
         assert np.array_equal(got["bf"].view(np.uint16), bf16.view(np.uint16))
         assert np.array_equal(got["i4"].astype(np.int8), int4.astype(np.int8))
+
+
+def test_subgraph_weights_are_read_apart_and_streamed(tmp_path):
+    """Large tensors inside If branches / a Loop body (initializers and Constant values) are read
+    once at import and streamed at save, and the model runs identically."""
+    rng = np.random.default_rng(5)
+    f = TensorProto.FLOAT
+    w1 = rng.standard_normal((32, 32)).astype(np.float32)
+    w2 = rng.standard_normal((32, 32)).astype(np.float32)
+    then_g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["t_out"], name="then_mm")], "then", [],
+        [helper.make_tensor_value_info("t_out", f, [1, 32])],
+        initializer=[onnx.numpy_helper.from_array(w1, "w1")])
+    else_g = helper.make_graph(
+        [helper.make_node("Constant", [], ["w2"], name="else_const",
+                          value=onnx.numpy_helper.from_array(w2, "w2_value")),
+         helper.make_node("MatMul", ["x", "w2"], ["e_out"], name="else_mm")], "else", [],
+        [helper.make_tensor_value_info("e_out", f, [1, 32])])
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+         helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+         helper.make_node("If", ["c"], ["y"], name="if", then_branch=then_g, else_branch=else_g)],
+        "g", [helper.make_tensor_value_info("x", f, [1, 32])],
+        [helper.make_tensor_value_info("y", f, [1, 32])],
+        initializer=[helper.make_tensor("zero", f, [], [0.0])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path, out = str(tmp_path / "m.onnx"), str(tmp_path / "out.onnx")
+    onnx.save(proto, path)
+    from passctl.ir.onnx_reader import read_model_file
+
+    _, raws = read_model_file(path)
+    # onnx.helper sorts attributes by name: else_branch is attribute 0, then_branch 1.
+    assert raws.tensors == {("node", 2, 1, "init", 0): w1.tobytes(),
+                            ("node", 2, 0, "node", 0, 0): w2.tobytes()}
+    model = load(path)
+    save(model, out)
+    assert same_bytes(onnx.load(out), proto)
+    for x in (np.abs(rng.standard_normal((1, 32))), -np.abs(rng.standard_normal((1, 32)))):
+        feed = {"x": x.astype(np.float32)}
+        assert_bit_identical(run_onnxruntime(path, feed), run_onnxruntime(out, feed))
 
 
 def test_raw_data_that_disagrees_with_the_shape_is_kept_as_is(tmp_path):
