@@ -79,8 +79,13 @@ class ReparamBranches(Pass):
                 continue
             done.add(id(root))
             form = Recognizer(graph).run(root)
-            for term in form.terms:  # a source made of branch ops is a root of its own
-                p = term.source.producer
+            # A source made of branch ops is a root of its own; when the branches did not merge,
+            # so is each operand of the root (the parts below it may still merge or fold).
+            values = [t.source for t in form.terms]
+            if len(form.terms) > 1:
+                values += [v for v in root.inputs if v is not None]
+            for v in values:
+                p = v.producer
                 if p is not None and p.graph is graph and is_candidate(p) and id(p) not in done:
                     queue.append(p)
             if len(form.terms) > 1:
@@ -88,7 +93,7 @@ class ReparamBranches(Pass):
                     reason = "; ".join(dict.fromkeys(form.notes)) or (
                         "branches read different values: " +
                         ", ".join(f"'{t.source.name}'" for t in form.terms))
-                    unmerged[root.name] = reason
+                    unmerged[root.name or root.outputs[0].name] = reason
                     logger.info("reparam: %s '%s' not merged: %s", root.op_type, root.name, reason)
                 continue
             kernel = form.terms[0].kernel
@@ -113,7 +118,12 @@ class ReparamBranches(Pass):
         old = root.outputs[0]
         out.type = old.type
         nodes = [n for n in graph if n in form.nodes]
+        keep_name = not old.is_graph_output()
         graph.replace_nodes(nodes, builder.nodes, [old], [out])
+        if keep_name:  # the merged value keeps the block output's name (graph outputs already do)
+            name = old.name
+            old.name = graph.fresh_name(name + "_replaced")
+            out.name = name
 
 
 __all__ = ["ReparamBranches"]
