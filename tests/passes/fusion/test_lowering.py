@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import onnx
+
 import numpy as np
 from fusion_helpers import model_text, ops, run
 from helpers import assert_same_outputs
@@ -71,10 +73,34 @@ def test_unknown_canonical_op_is_counted_and_kept(caplog):
 
 
 def test_fuse_alias_order_per_target():
-    cpu = expand_alias("fuse", "cpu")
-    assert cpu[0] == "infer-shapes" and cpu[1] == "fuse-conv-bn" and cpu[-1] == "lower-onnxruntime"
-    assert expand_alias("fuse", "a10") == cpu  # GPU profiles emit for ONNX Runtime too
-    tvm = expand_alias("fuse", "tvm")
-    assert tvm[:-1] == cpu[:-1] and tvm[-1] == "lower-standard"
-    for name in cpu + tvm:
-        get_pass(name)
+    mine = ["fuse-layernorm", "fuse-gelu", "fuse-activations"]
+    for target, lowering in [("cpu", "lower-onnxruntime"), ("a10", "lower-onnxruntime"),
+                             ("tvm", "lower-standard"), ("tensorrt", "lower-standard")]:
+        names = expand_alias("fuse", target)
+        assert names[0] == "infer-shapes" and names[-1] == lowering, (target, names)
+        assert names.index("fuse-conv-bn") < names.index(mine[0])
+        assert [n for n in names if n in mine] == mine
+        for name in names:
+            get_pass(name)
+
+
+def test_new_opsets_lower_to_rmsnormalization_and_swish():
+    body = ("two = Constant <value = float {2.0}> ()\ne = Constant <value = float {1e-6}> ()\n"
+            "p = Pow (x, two)\nms = ReduceMean <axes=[-1]> (p)\nve = Add (ms, e)\ns = Sqrt (ve)\n"
+            "n = Div (x, s)\nsg = Sigmoid (n)\ny = Mul (n, sg)")
+    proto = model_text(body, "float[2,4,8] x", "float[2,4,8] y", 17)
+    proto.opset_import[0].version = 24  # ReduceMean keeps its axes attribute form in this text
+    proto.ir_version = 11
+    for node in proto.graph.node:
+        if node.op_type == "ReduceMean":
+            axes = node.attribute[0]
+            node.ClearField("attribute")
+            node.input.append("axes")
+    import onnx.helper
+    proto.graph.node.insert(0, onnx.helper.make_node("Constant", [], ["axes"], value=onnx.helper.make_tensor(
+        "axes", onnx.TensorProto.INT64, [1], [-1])))
+    del axes
+    _, stats, out = run(proto, "infer-shapes,fuse-layernorm,fuse-activations,dce,lower-standard")
+    assert stats["fuse-layernorm"]["rmsnorm"] == 1 and stats["fuse-activations"]["silu"] == 1
+    assert ops(out) == ["RMSNormalization", "Swish"]
+    assert_same_outputs(proto, out, rtol=1e-5)
