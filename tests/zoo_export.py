@@ -8,7 +8,8 @@ import warnings
 from pathlib import Path
 
 try:
-    from corpus_export import BERT_INPUTS, LLAMA_INPUTS, NOISE_STD, _bert_wrapper, _dynamo_export, _offline_torch
+    from corpus_export import (BERT_INPUTS, LLAMA_INPUTS, NOISE_STD, _bert_wrapper, _dynamo_export,
+                               _offline_torch)
 except ModuleNotFoundError:  # imported as tests.zoo_export from the repository root
     from tests.corpus_export import (BERT_INPUTS, LLAMA_INPUTS, NOISE_STD, _bert_wrapper, _dynamo_export,
                                      _offline_torch)
@@ -34,21 +35,29 @@ def add_noise(module, std: float = NOISE_STD, seed: int = 0) -> None:
             parameter.add_(noise * std)
 
 
-def export_bert_base(path: Path, seed: int = 0) -> None:
-    """Export ``BertModel(BertConfig())`` (BERT-base: 12 layers, hidden 768) with random weights.
+def build_bert_base(seed: int = 0):
+    """``BertModel(BertConfig())`` (BERT-base: 12 layers, hidden 768, eval mode) with random weights.
 
-    Weights: ``torch.manual_seed(seed)``, the default initialization, then :func:`add_noise`. Exported
-    with the legacy TorchScript exporter, opset 17, weights inside the file (~440 MB).
+    Weights: ``torch.manual_seed(seed)``, the default initialization, then :func:`add_noise`, so the
+    same seed gives the same weights.
+    """
+    torch, transformers = _offline_torch()
+    torch.manual_seed(seed)
+    bert = transformers.BertModel(transformers.BertConfig()).eval()
+    add_noise(bert, seed=seed)
+    return bert
+
+
+def export_bert_base(path: Path, seed: int = 0) -> None:
+    """Export :func:`build_bert_base`'s model with the legacy TorchScript exporter, opset 17, weights
+    inside the file (~440 MB).
 
     Inputs ``input_ids``, ``attention_mask``, ``token_type_ids``: int64 ``[batch, sequence]``. Outputs
     ``last_hidden_state``: float32 ``[batch, sequence, 768]``, ``pooler_output``: float32 ``[batch, 768]``.
     """
-    torch, transformers = _offline_torch()
+    torch, _ = _offline_torch()
     start = time.perf_counter()
-    torch.manual_seed(seed)
-    bert = transformers.BertModel(transformers.BertConfig()).eval()
-    add_noise(bert, seed=seed)
-    wrapper = _bert_wrapper(bert)
+    wrapper = _bert_wrapper(build_bert_base(seed))
     outputs = ["last_hidden_state", "pooler_output"]
     args = (torch.randint(0, 1000, (1, 128)), torch.ones(1, 128, dtype=torch.int64),
             torch.zeros(1, 128, dtype=torch.int64))
@@ -61,8 +70,20 @@ def export_bert_base(path: Path, seed: int = 0) -> None:
     logger.info("exported BERT-base in %.1f s", time.perf_counter() - start)
 
 
+def build_timm(name: str, seed: int = 0):
+    """timm model ``name`` in eval mode: ``torch.manual_seed(seed)``, timm's random initialization
+    (``pretrained=False``), then :func:`add_noise`."""
+    torch, _ = _offline_torch()
+    import timm
+
+    torch.manual_seed(seed)
+    model = timm.create_model(name, pretrained=False).eval()
+    add_noise(model, seed=seed)
+    return model
+
+
 def export_timm(name: str, path: Path, seed: int = 0, size: int = 224) -> None:
-    """Export timm model ``name`` (random weights plus :func:`add_noise`) in eval mode.
+    """Export :func:`build_timm`'s model ``name`` in eval mode.
 
     The legacy TorchScript exporter, opset 17, constant folding on (so BatchNormalization is folded into
     the preceding Conv, as in a normal inference export), weights inside the file. No re-parameterization:
@@ -71,12 +92,8 @@ def export_timm(name: str, path: Path, seed: int = 0, size: int = 224) -> None:
     Input ``input``: float32 ``[1, 3, size, size]`` (NCHW); output ``logits``: float32 ``[1, 1000]``.
     """
     torch, _ = _offline_torch()
-    import timm
-
     start = time.perf_counter()
-    torch.manual_seed(seed)
-    model = timm.create_model(name, pretrained=False).eval()
-    add_noise(model, seed=seed)
+    model = build_timm(name, seed)
     example = torch.randn(1, 3, size, size)
     with torch.no_grad():
         torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=17,
