@@ -190,7 +190,6 @@ class _Exporter:
         self.external = external or {}
         self.location = location
         self.names: Dict[Value, str] = {}
-        self.taken: Optional[set] = None
 
     def model(self, m: Model) -> onnx.ModelProto:
         p = onnx.ModelProto()
@@ -205,10 +204,7 @@ class _Exporter:
         self.graph(m.graph, p.graph, omit_body=self.stream_main)
         for f in m.functions.values():
             self.function(f, p.functions.add())
-        for field, items in m.extra.items():
-            target = getattr(p, field)
-            for b in items:
-                target.add().ParseFromString(b)
+        _extra(p, m.extra)
         return p
 
     def function(self, f: Function, p: onnx.FunctionProto) -> None:
@@ -261,12 +257,7 @@ class _Exporter:
                                   or v.type != TensorType(v.const.dtype, Shape(v.const.dims))):
                 self.value_info(v, p.value_info.add())
         _meta(p.metadata_props, g.metadata_props)
-        for field, items in g.extra.items():
-            if field == INITIALIZER_VALUE_INFO:
-                continue
-            target = getattr(p, field)
-            for b in items:
-                target.add().ParseFromString(b)
+        _extra(p, g.extra)
 
     def graph_chunks(self, g: Graph, skeleton: bool = False) -> List[Chunk]:
         """The graph's nodes and initializers as GraphProto fields, in chunks: encoded bytes, and
@@ -488,6 +479,17 @@ def _raw_bytes(t: Tensor) -> bytes:
 
 def _bytes(s) -> bytes:
     return s.encode("utf-8") if isinstance(s, str) else bytes(s)
+
+
+def _extra(p, extra: Dict[str, List[bytes]]) -> None:
+    """Write back the serialized repeated fields the IR keeps in ``extra`` (other keys, such as
+    INITIALIZER_VALUE_INFO, are not proto fields)."""
+    for field, items in extra.items():
+        if field not in p.DESCRIPTOR.fields_by_name:
+            continue
+        target = getattr(p, field)
+        for b in items:
+            target.add().ParseFromString(b)
 
 
 def _meta(field, props: Dict[str, str]) -> None:
