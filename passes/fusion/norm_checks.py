@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
 from passctl.ir import Node, Value
 from passctl.passes.fusion.canonical import last_dim, vector_like
 from passctl.passes.rewrite import MatchResult, RuleContext, constant_value
-
-FLOAT_KINDS = ("FLOAT", "FLOAT16", "BFLOAT16", "DOUBLE")
-
-
-def is_float(v: Value) -> bool:
-    """Whether ``v`` has a known floating-point element type (f32, f16, bf16, f64)."""
-    return v.dtype is not None and v.dtype.name in FLOAT_KINDS
-
 
 def reduce_axes(node: Node) -> Tuple[Optional[Tuple[int, ...]], str]:
     """The axes a ReduceMean reduces over: its ``axes`` attribute (opset < 18) or its constant second
@@ -78,8 +70,8 @@ def check_epsilon(context: RuleContext, eps: Value, what: str) -> Tuple[Optional
     return value, MatchResult()
 
 
-def check_param(context: RuleContext, x: Value, p: Value, role: str, what: str,
-                others: Sequence[Node] = ()) -> Tuple[Optional[np.ndarray], MatchResult]:
+def check_param(context: RuleContext, x: Value, p: Value, role: str, what: str
+                ) -> Tuple[Optional[np.ndarray], MatchResult]:
     """A scale/bias ``p`` of a normalization over the last axis of ``x`` broadcasts to ``[D]`` only.
 
     Returns ``(vector, ok)``: the constant as a ``[D]`` array (or None when ``p`` is a non-constant
@@ -118,4 +110,4 @@ def param_vector(op, x: Value, p: Value) -> Value:
     return p if vec.shape == arr.shape else op.constant(vec, f"{p.name}_vec")
 
 
-__all__ = ["FLOAT_KINDS", "param_vector", "check_epsilon", "check_param", "check_reductions", "is_float", "reduce_axes"]
+__all__ = ["check_epsilon", "check_param", "check_reductions", "param_vector", "reduce_axes"]
