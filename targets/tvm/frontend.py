@@ -31,7 +31,7 @@ def _converter_table() -> Dict[str, Callable]:
     op = relax.op
 
     def _const_like(x, value: float, n: int):
-        dtype = x.ty.dtype
+        dtype = str(x.ty.dtype)
         return relax.const(np.full((n,), value, dtype=dtype), dtype)
 
     def _last(x) -> int:
@@ -68,7 +68,7 @@ def _converter_table() -> Dict[str, Callable]:
 
     def hard_swish(bb, inputs, attrs):
         x = inputs[0]
-        dtype = x.ty.dtype
+        dtype = str(x.ty.dtype)
         gate = op.clip(op.add(op.divide(x, relax.const(6.0, dtype)), relax.const(0.5, dtype)),
                        0.0, 1.0)
         return op.multiply(x, gate)
