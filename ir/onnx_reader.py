@@ -53,6 +53,9 @@ def read_model_file(path: str) -> Tuple[onnx.ModelProto, Optional[Split]]:
     if not proto.HasField("graph") or (proto.ir_version == 0 and not len(proto.opset_import)):
         raise ModelLoadError(f"{path}: not an ONNX model or truncated (no graph, ir_version or "
                              "opset_import found); give a complete .onnx file")
+    if proto.ir_version >= 3 and not len(proto.opset_import):  # required since IR version 3
+        raise ModelLoadError(f"{path}: the model has no opset_import (truncated file?); export or "
+                             "download the model again")
     return proto, raws
 
 

@@ -14,17 +14,17 @@ from passctl.ir import load
 from passctl.ir.errors import ModelLoadError, UserError
 
 
-def _model_bytes(location: str = "") -> bytes:
-    """A small valid model; with ``location``, its initializer W points at external data there."""
-    w = onnx.numpy_helper.from_array(np.ones((4, 4), np.float32), "W")
+def _model_bytes(location: str = "", n: int = 4) -> bytes:
+    """A small valid model (x[1,n] @ W[n,n]); with ``location``, W points at external data."""
+    w = onnx.numpy_helper.from_array(np.ones((n, n), np.float32), "W")
     if location:
         w.ClearField("raw_data")
         w.data_location = TensorProto.EXTERNAL
         for key, value in (("location", location), ("offset", "0"), ("length", "64")):
             w.external_data.add(key=key, value=value)
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
                               initializer=[w])
     return helper.make_model(graph).SerializeToString()
 
@@ -89,6 +89,20 @@ def test_truncated_protobuf(tmp_path):
     path = tmp_path / "cut.onnx"
     path.write_bytes(data[: len(data) * 2 // 3])
     _expect_error(path, "truncated")
+
+
+@pytest.mark.parametrize("n", [4, 32])  # W of 64 bytes (parsed whole) or 4 KiB (read apart)
+def test_every_truncation_point_is_reported(tmp_path, n):
+    """Cutting a model anywhere (inside a weight, between fields, before opset_import) gives a
+    ModelLoadError, never a model silently missing parts."""
+    data = _model_bytes(n=n)
+    path = tmp_path / "cut.onnx"
+    for cut in list(range(0, len(data), 7 if n == 4 else 53)) + [len(data) - 1, len(data) - 4]:
+        path.write_bytes(data[:cut])
+        with pytest.raises(ModelLoadError, match="cut.onnx"):
+            load(str(path))
+    path.write_bytes(data)
+    assert load(str(path)).graph.initializers["W"].const.numpy().shape == (n, n)
 
 
 def test_missing_external_data_file(tmp_path):
