@@ -214,12 +214,17 @@ def test_float64_conv_not_fused():
 # probabilities are all < 1e-5, where ONNX Runtime's Sigmoid returns values in steps of 2**-23, so
 # cleanup + fuse-conv-bn alone already gives a "relative" error of 1.4e-2 on that output.
 ATOL = 2 * float(np.finfo(np.float32).eps)
-PIPELINE = "cleanup,fuse-conv-bn,infer-shapes,fuse-conv-activation"
+# cleanup + fuse-conv-bn + H9's fusion families (conv + activation, Gemm, Reshape chains).
+PIPELINE = ("cleanup,fuse-conv-bn,infer-shapes,fuse-reshape-chains,eliminate-identity,fuse-conv-activation,"
+            "fuse-gemm")
 
 
 @pytest.mark.parametrize("model_id, expected", [
-    ("ppocr_det", {"fused": 21, "conv-bias-relu": 11, "conv-bias-hard-sigmoid": 10}),
-    ("ppocr_cls", {"fused": 42, "conv-add-bias": 18, "conv-bias-relu": 15, "conv-bias-hard-sigmoid": 9}),
+    ("ppocr_det", {"fuse-conv-activation": {"fused": 21, "conv-bias-relu": 11, "conv-bias-hard-sigmoid": 10},
+                   "fuse-gemm": {"fused": 0}, "fuse-reshape-chains": {"fused": 0}}),
+    ("ppocr_cls", {"fuse-conv-activation": {"fused": 42, "conv-add-bias": 18, "conv-bias-relu": 15,
+                                            "conv-bias-hard-sigmoid": 9},
+                   "fuse-gemm": {"fused": 1, "matmul-add-gemm": 1}, "fuse-reshape-chains": {"fused": 0}}),
 ])
 def test_ppocr_counts_and_numerics(model_id, expected):
     from passctl.passes.manager import PassManager
@@ -228,17 +233,18 @@ def test_ppocr_counts_and_numerics(model_id, expected):
     entry = CORPUS[model_id]
     model = load(entry.path)
     result = PassManager(build_pipeline(PIPELINE)).run(model)
-    stats = next(r.stats for r in result.records if r.name == "fuse-conv-activation")
+    stats = {r.name: r.stats for r in result.records if r.name in expected}
     assert stats == expected
     out = to_onnx(model)
+    conv_stats = expected["fuse-conv-activation"]
     fused = [n for n in out.graph.node if n.op_type == "FusedConv"]
-    assert len(fused) == expected["fused"] - expected.get("conv-add-bias", 0)
-    # Every Conv + Relu / HardSigmoid pair is gone: what is left has another consumer of the Conv.
+    assert len(fused) == conv_stats["fused"] - conv_stats.get("conv-add-bias", 0)
+    assert sum(n.op_type == "Gemm" for n in out.graph.node) == expected["fuse-gemm"]["fused"]
+    # Every Conv -> Relu / HardSigmoid pair left has another consumer of the Conv output.
     producers = {o: n for n in out.graph.node for o in n.output}
     for n in out.graph.node:
-        if n.op_type in ("Relu", "HardSigmoid") and producers.get(n.input[0]) is not None:
-            conv = producers[n.input[0]]
-            if conv.op_type == "Conv":
-                assert sum(n.input[0] in m.input for m in out.graph.node) > 1
+        conv = producers.get(n.input[0]) if n.op_type in ("Relu", "HardSigmoid") else None
+        if conv is not None and conv.op_type == "Conv":
+            assert sum(n.input[0] in m.input for m in out.graph.node) > 1
     check = check_models(entry.path, out, inputs=entry.inputs(seed=0))
     assert check.ok(1e-5, atol=ATOL), str(check)
