@@ -84,7 +84,8 @@ class MatMulAddToGemm(RewriteRule):
             return MatchResult().fail("ranks of the MatMul inputs are unknown (run infer-shapes)")
         if rank_a != 2 or rank_b != 2:
             return MatchResult().fail(f"MatMul of rank {rank_a} x rank {rank_b}: Gemm takes 2-D A and B; "
-                                      "ONNX Runtime fuses batched MatMul + Add itself (FusedMatMul has no "
+                                      "ONNX Runtime fuses batched MatMul + Add itself (1.32: "
+                                      "Reshape + Gemm + Reshape at ORT_ENABLE_EXTENDED; FusedMatMul has no "
                                       "bias), so the pair stays")
         if not _const_or_transposed_const(b):
             return MatchResult().fail(f"B '{b.name}' is not a constant weight")
@@ -129,7 +130,8 @@ def _gemm_transpose_rule(operand: str, with_c: bool) -> type:
     name = f"gemm-transpose-{operand}" + ("-bias" if with_c else "")
     return register_rule(type(f"GemmTranspose_{operand}_{int(with_c)}", (GemmTransposeRule,),
                               {"name": name, "operand": operand, "with_c": with_c, "__module__": __name__,
-                               "summary": f"Gemm(Transpose({operand}), ...) -> Gemm(trans{operand.upper()})"}))
+                               "summary": f"Gemm(Transpose({operand}), ...) -> "
+                                          f"Gemm(trans{operand.upper()})"}))
 
 
 class MatMulTransposeRule(RewriteRule):

@@ -170,8 +170,8 @@ class _PairRule(RewriteRule):
         if self.inner_op == "Squeeze":
             if inner is None:  # Squeeze without axes drops every size-1 dim: needs a static shape
                 if not x.shape.is_static():
-                    return MatchResult().fail("Squeeze without axes on a shape that is not static: which dims "
-                                              "it drops is known only at run time")
+                    return MatchResult().fail("Squeeze without axes on a shape that is not static: which "
+                                              "dims it drops is known only at run time")
                 inner = [i for i, d in enumerate(dims) if d == 1]
             k = len(np.asarray(inner).reshape(-1))
             a, b = _norm_axes(inner, rank), _norm_axes(outer, rank)

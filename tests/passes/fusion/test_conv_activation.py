@@ -69,7 +69,8 @@ ACTS = [
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-@pytest.mark.parametrize("act, activation, params, key", ACTS, ids=[a[3] + str(i) for i, a in enumerate(ACTS)])
+@pytest.mark.parametrize("act, activation, params, key", ACTS,
+                         ids=[a[3] + str(i) for i, a in enumerate(ACTS)])
 def test_conv_activation_to_fusedconv(act, activation, params, key, bias):
     w, b = _weights()
     conv = "c = Conv <pads = [1,1,1,1]> (x, w, b)" if bias else "c = Conv <pads = [1,1,1,1]> (x, w)"

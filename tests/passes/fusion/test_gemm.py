@@ -188,8 +188,8 @@ def test_int64_matmul_not_fused():
 def test_standard_variant_leaves_batched_transpose_with_reason():
     from passctl.passes.fusion.gemm import FuseGemmStandard
 
-    proto = _model("t = Transpose <perm = [0, 2, 1]> (k)\ny = MatMul (q, t)", "float[2,4,5] q, float[2,6,5] k",
-                   "float[2,4,6] y")
+    proto = _model("t = Transpose <perm = [0, 2, 1]> (k)\ny = MatMul (q, t)",
+                   "float[2,4,5] q, float[2,6,5] k", "float[2,4,6] y")
     model = from_onnx(proto)
     InferShapes()(model)
     assert FuseGemmStandard()(model).stats == {"fused": 0}

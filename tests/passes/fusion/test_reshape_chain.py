@@ -177,7 +177,8 @@ def test_squeeze_unsqueeze_pairs_cancel(opset, body, x_shape):
 
 
 @pytest.mark.parametrize("body, x_shape, y_shape, reason", [
-    ("t = Squeeze (x, a)\ny = Unsqueeze (t, z)", "float[2,1,3] x", "float[1,2,3] y", "differ: they do not cancel"),
+    ("t = Squeeze (x, a)\ny = Unsqueeze (t, z)", "float[2,1,3] x", "float[1,2,3] y",
+     "differ: they do not cancel"),
     ("t = Unsqueeze (x, a)\ny = Squeeze (t)", "float[2,1] x", "float[2] y", "would also drop size-1"),
     ("t = Squeeze (x)\ny = Unsqueeze (t, a)", "float[N,1] x", "float[N,1] y", "not static"),
 ])
