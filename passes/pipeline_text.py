@@ -46,9 +46,10 @@ class PassSpec:
     column: int = 0
 
 
-def _option_classes(name: str, target: Optional[str]) -> List[Type[Pass]]:
+def _option_classes(name: str, target: Optional[str],
+                    emitter: Optional[str] = None) -> List[Type[Pass]]:
     if is_alias(name):
-        return [get_pass(n) for n in expand_alias(name, target)]
+        return [get_pass(n) for n in expand_alias(name, target, emitter)]
     return [get_pass(name)]
 
 
@@ -106,8 +107,8 @@ def _convert(raw: str, tp: Any) -> Any:
 
 
 class _Parser:
-    def __init__(self, text: str, target: Optional[str]):
-        self.text, self.pos, self.target = text, 0, target
+    def __init__(self, text: str, target: Optional[str], emitter: Optional[str] = None):
+        self.text, self.pos, self.target, self.emitter = text, 0, target, emitter
 
     def error(self, message: str, pos: Optional[int] = None) -> PipelineSyntaxError:
         return PipelineSyntaxError(self.text, (self.pos if pos is None else pos) + 1, message)
@@ -145,7 +146,7 @@ class _Parser:
         name = m.group(0)
         self.pos = m.end()
         try:
-            classes = _option_classes(name, self.target)
+            classes = _option_classes(name, self.target, self.emitter)
         except UserError as e:
             raise PipelineSyntaxError(self.text, start + 1, str(e)) from None
         spec = PassSpec(name, {}, start + 1)
@@ -218,7 +219,8 @@ class _Parser:
         return raw
 
 
-def parse_pipeline(text: str, target: Optional[str] = None) -> List[PassSpec]:
+def parse_pipeline(text: str, target: Optional[str] = None,
+                   emitter: Optional[str] = None) -> List[PassSpec]:
     """Parse pipeline text into pass specs with typed options (aliases are kept, not expanded).
 
     Grammar: ``item (',' item)*``; ``item := name ['{' key '=' value (',' key '=' value)* '}']``;
@@ -229,6 +231,7 @@ def parse_pipeline(text: str, target: Optional[str] = None) -> List[PassSpec]:
     Args:
         text: The pipeline text; blank text is an empty pipeline.
         target: The target profile used to expand aliases (default target when None).
+        emitter: The emitter the pipeline feeds; aliases may differ per emitter (``fuse``).
 
     Returns:
         One :class:`PassSpec` per element, in order.
@@ -237,17 +240,19 @@ def parse_pipeline(text: str, target: Optional[str] = None) -> List[PassSpec]:
         PipelineSyntaxError: (a UserError) bad syntax, unknown pass/alias, alias with no passes yet,
             unknown option (with the known ones), or a value of the wrong type; names the column.
     """
-    return _Parser(text, target).parse()
+    return _Parser(text, target, emitter).parse()
 
 
-def expand_specs(specs: Sequence[PassSpec], target: Optional[str] = None) -> List[PassSpec]:
-    """Replace alias specs by their passes (for ``target``), handing each the options it declares."""
+def expand_specs(specs: Sequence[PassSpec], target: Optional[str] = None,
+                 emitter: Optional[str] = None) -> List[PassSpec]:
+    """Replace alias specs by their passes (for ``target`` and ``emitter``), handing each the options
+    it declares."""
     out: List[PassSpec] = []
     for s in specs:
         if not is_alias(s.name):
             out.append(s)
             continue
-        for n in expand_alias(s.name, target):
+        for n in expand_alias(s.name, target, emitter):
             fields = _field_types(get_pass(n))
             out.append(PassSpec(n, {k: v for k, v in s.options.items() if k in fields}, s.column))
     return out
@@ -268,13 +273,14 @@ def instantiate(spec: PassSpec) -> Pass:
         raise UserError(f"pass '{spec.name}': {e}; give it as {spec.name}{{key=value}}") from None
 
 
-def build_pipeline(text: str, target: Optional[str] = None) -> List[Pass]:
-    """Parse ``text``, expand aliases for ``target`` and create the passes, in order.
+def build_pipeline(text: str, target: Optional[str] = None,
+                   emitter: Optional[str] = None) -> List[Pass]:
+    """Parse ``text``, expand aliases for ``target`` and ``emitter`` and create the passes, in order.
 
     A pass whose ``Options`` declare a ``target`` field (``mixed-precision``) gets ``target`` there
     unless the text sets it, so target-dependent passes see the CLI's ``--target``.
     """
-    specs = expand_specs(parse_pipeline(text, target), target)
+    specs = expand_specs(parse_pipeline(text, target, emitter), target, emitter)
     if target is not None:
         for s in specs:
             if "target" in _field_types(get_pass(s.name)) and "target" not in s.options:

@@ -121,12 +121,17 @@ NOT_YET: Dict[str, str] = {
 }
 
 
-def alias_passes(alias: str, target: Optional[str] = None) -> Optional[List[str]]:
+def alias_passes(alias: str, target: Optional[str] = None,
+                 emitter: Optional[str] = None) -> Optional[List[str]]:
     """The ordered pass names of ``alias`` for ``target`` (``None`` when ``alias`` is not an alias).
+
+    The list is looked up by the emitter first (``"tvm"``, ``"tensorrt"``: their legalization differs
+    from ONNX Runtime's whatever the GPU), then by the target profile, then :data:`DEFAULT_TARGET`.
 
     Args:
         alias: A group name such as ``"cleanup"``.
         target: A target profile name (``"cpu"``, ``"a10"``...); ``None`` means :data:`DEFAULT_TARGET`.
+        emitter: The emitter the pipeline feeds (``"onnxruntime"``, ``"tvm"``, ``"tensorrt"``) or None.
 
     Returns:
         A new list (possibly empty for a reserved alias), or ``None`` for a name that is not an alias.
@@ -134,5 +139,7 @@ def alias_passes(alias: str, target: Optional[str] = None) -> Optional[List[str]
     per_target = ALIASES.get(alias)
     if per_target is None:
         return None
+    if emitter is not None and emitter in per_target:
+        return list(per_target[emitter])
     names = per_target.get(target or DEFAULT_TARGET, per_target.get(DEFAULT_TARGET, []))
     return list(names)

@@ -214,14 +214,14 @@ def list_aliases() -> List[str]:
     return sorted(ALIASES)
 
 
-def expand_alias(name: str, target: Optional[str] = None) -> List[str]:
-    """The ordered pass names of alias ``name`` for ``target``.
+def expand_alias(name: str, target: Optional[str] = None, emitter: Optional[str] = None) -> List[str]:
+    """The ordered pass names of alias ``name`` for ``target`` and ``emitter``.
 
     Raises:
         UnknownPassError: ``name`` is not an alias (with suggestions).
         UserError: the alias has no passes yet in this version (says which feature is missing).
     """
-    names = alias_passes(name, target)
+    names = alias_passes(name, target, emitter)
     if names is None:
         raise UnknownPassError(f"unknown pass group '{name}'; {_suggest(name)}")
     if not names:
@@ -230,7 +230,8 @@ def expand_alias(name: str, target: Optional[str] = None) -> List[str]:
     return names
 
 
-def expand_names(names: List[str], target: Optional[str] = None) -> List[str]:
+def expand_names(names: List[str], target: Optional[str] = None,
+                 emitter: Optional[str] = None) -> List[str]:
     """Expand aliases in ``names`` (in place order) and check every resulting pass exists.
 
     Raises:
@@ -239,7 +240,7 @@ def expand_names(names: List[str], target: Optional[str] = None) -> List[str]:
     out: List[str] = []
     for n in names:
         if is_alias(n):
-            out.extend(expand_alias(n, target))
+            out.extend(expand_alias(n, target, emitter))
         else:
             get_pass(n)
             out.append(n)

@@ -124,7 +124,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=os.environ.get("PASSCTL_LOG", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     # Not a terminal (a pipe, a file, a test): no wrapping, so lines stay greppable.
-    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    # NOTE: piped output is not wrapped (tables stay one row per line, for grep and tests).
+    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 400)
     err = Console(stderr=True)
     try:
         args = build_parser().parse_args(_normalize_argv(argv))

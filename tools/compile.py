@@ -153,7 +153,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     plugins = load_plugins(args.load)
     target = get_target(args.target)
     emitter = get_emitter(args.emit or target.default_emitter)
-    passes = build_pipeline(args.pipeline, target.name)
+    passes = build_pipeline(args.pipeline, target.name, emitter.name)
     dims, overrides = parse_dims(args.dim), load_input_file(args.inputs)
     steps = 1 + len(passes) + 1 + int(args.check)  # load, passes, emit, check
 

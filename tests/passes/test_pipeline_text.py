@@ -92,8 +92,8 @@ def test_real_pass_options_are_typed():
     ("typed{keep='ab}", 12, "unterminated '-quoted value"),
     ("dce{x=1}", 5, "pass 'dce' takes no options"),
     ("dce,fold-constant", 5, "unknown pass 'fold-constant'; did you mean 'fold-constants'?"),
-    ("cleanup,amp{dtype=fp16,budget=1e-3}", 9,
-     "`amp` has no passes yet: automatic mixed precision is not implemented in this version"),
+    ("cleanup,quantize{dtype=int8}", 9,
+     "`quantize` has no passes yet: quantization is not implemented in this version"),
 ])
 def test_errors_name_column_and_expectation(typed_pass, text, column, message):
     with pytest.raises(PipelineSyntaxError) as info:
