@@ -26,6 +26,19 @@ FUSEDCONV_ACTIVATIONS = {"Relu": 0, "Tanh": 0, "Sigmoid": 0, "LeakyRelu": 1, "Cl
                          "HardSigmoid": 2}
 _F32_MAX = float(np.finfo(np.float32).max)
 
+
+
+def import_ms_domain(model: Model) -> None:
+    """Add the ``com.microsoft`` opset import (version 1) to the model and to every model-local
+    function whose body now holds a node of that domain (a function body has its own imports)."""
+    if any(n.domain == MS_DOMAIN for n in model.graph.all_nodes()):
+        model.opset_imports.setdefault(MS_DOMAIN, 1)
+    for fn in model.functions.values():
+        if any(n.domain == MS_DOMAIN for n in fn.graph.all_nodes()):
+            fn.opset_imports.setdefault(MS_DOMAIN, 1)
+            model.opset_imports.setdefault(MS_DOMAIN, 1)
+
+
 # (activation, activation_params) or a reason why FusedConv cannot express it.
 ActParams = Union[Tuple[str, Optional[List[float]]], str]
 
@@ -119,7 +132,11 @@ _SOURCES = {
 
 def _is_float32(context: RuleContext) -> Optional[str]:
     conv = next(n for n in context.nodes if n.op_type in ("Conv", "FusedConv"))
-    dtype = conv.outputs[0].dtype or conv.inputs[0].dtype
+    # Conv's X, W and Y share one element type (ONNX Conv spec): the first one known decides.
+    dtype = conv.outputs[0].dtype or conv.inputs[0].dtype or conv.inputs[1].dtype
+    weight = RuleContext.constant(conv.inputs[1])
+    if dtype is None and weight is not None:
+        dtype = DataType.FLOAT if weight.dtype == np.float32 else DataType.UNDEFINED
     if dtype != DataType.FLOAT:
         what = "unknown" if dtype is None else dtype.short_name
         return f"FusedConv's CPU kernel is float32 only; the convolution output is {what}"
@@ -311,6 +328,6 @@ class FuseConvActivation(RuleSet):
 
     def run(self, model: Model) -> PassResult:
         result = super().run(model)
-        if result.modified and any(n.domain == MS_DOMAIN for n in model.graph.all_nodes()):
-            model.opset_imports.setdefault(MS_DOMAIN, 1)
+        if result.modified:
+            import_ms_domain(model)
         return PassResult(result.modified, {"fused": sum(result.stats.values()), **result.stats})

@@ -9,12 +9,12 @@ import numpy as np
 
 from passctl.ir import DataType, Model, Value
 from passctl.passes.base import PassResult
+from passctl.passes.fusion.conv_activation import MS_DOMAIN, import_ms_domain
 from passctl.passes.registry import register_pass
 from passctl.passes.rewrite import AttrVar, MatchResult, RewriteRule, RuleContext, RuleSet, register_rule
 
 logger = logging.getLogger(__name__)
 
-MS_DOMAIN = "com.microsoft"
 # Gemm-13 element types that ONNX Runtime's CPU Gemm kernel runs (float, double).
 _GEMM_TYPES = (DataType.FLOAT, DataType.DOUBLE)
 
@@ -270,8 +270,8 @@ class FuseGemm(RuleSet):
 
     def run(self, model: Model) -> PassResult:
         result = super().run(model)
-        if result.modified and any(n.domain == MS_DOMAIN for n in model.graph.all_nodes()):
-            model.opset_imports.setdefault(MS_DOMAIN, 1)
+        if result.modified:
+            import_ms_domain(model)
         return PassResult(result.modified, {"fused": sum(result.stats.values()), **result.stats})
 
 

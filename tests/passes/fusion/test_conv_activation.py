@@ -249,3 +249,25 @@ def test_ppocr_counts_and_numerics(model_id, expected):
             assert sum(n.input[0] in m.input for m in out.graph.node) > 1
     check = check_models(entry.path, out, inputs=entry.inputs(seed=0))
     assert check.ok(1e-5, atol=ATOL), str(check)
+
+
+def test_inside_a_model_local_function_gets_the_domain_import():
+    text = HEADER.format(opset=17).replace('["" : 17]', '["" : 17, "local" : 1]') + """
+        g (float[1,2,4,4] x) => (float[1,1,4,4] y) {
+            y = local.ConvRelu (x)
+        }
+        <domain: "local", opset_import: ["" : 17]>
+        ConvRelu (a) => (b) {
+            k = Constant <value = float[1,2,1,1] {0.5, -0.25}> ()
+            c = Conv (a, k)
+            b = Relu (c)
+        }"""
+    proto = parse(text)
+    model = from_onnx(proto)
+    assert FuseConvActivation()(model).stats == {"fused": 1, "conv-relu": 1}
+    out = to_onnx(model)
+    onnx.checker.check_model(out)
+    fn = out.functions[0]
+    assert [n.op_type for n in fn.node] == ["Constant", "FusedConv"]
+    assert {o.domain for o in fn.opset_import} >= {"com.microsoft"}
+    assert_same_outputs(proto, out)
