@@ -41,6 +41,9 @@ _builtin_modules: List[str] = [
     "passctl.passes.fusion.lower_tvm",
     # Structural re-parameterization (issue 7, H11).
     "passctl.passes.reparam.merge_branches",
+    # Attention fusion and its lowerings (issue 6, H14).
+    "passctl.passes.attention.fuse",
+    "passctl.passes.attention.lower",
     # Layer-wise mixed precision (issue 8, H13).
     "passctl.passes.precision.amp",
 ]

@@ -1,0 +1,1 @@
+"""Attention fusion: export patterns -> passctl::Attention (guarded), lowered per target."""

@@ -1,0 +1,33 @@
+"""The canonical ``passctl::Attention`` op: schema, attribute names and a builder used by the rewrite."""
+
+from __future__ import annotations
+
+from passctl.passes.fusion.canonical import SCHEMAS, CanonicalOp
+
+OP_TYPE = "Attention"
+
+MASK_KINDS = ("none", "additive", "boolean")
+
+SCHEMA = CanonicalOp(
+    OP_TYPE, ("Q", "K", "V", "Mask?"),
+    {"scale": "float, multiplies Q.K^T (already the product of every scale constant of the match)",
+     "mask_kind": "string, 'none', 'additive' (Mask is float, added to the scores) or 'boolean' "
+                  "(Mask is bool, true = the key takes part; false scores become -inf)",
+     "is_causal": "int 0/1: key j > query i is masked (top-left aligned, ONNX Attention-23). With a "
+                  "Mask the flag is a hint: the fusion sets it only when the Mask provably holds that "
+                  "causal part, so a kernel may apply it again (no change) or ignore it",
+     "num_heads": "int, H (Q's axis 1)",
+     "kv_num_heads": "int, Hkv (K's and V's axis 1); H % Hkv == 0, head h reads KV head h // (H / Hkv)",
+     "softmax_precision": "int, 0 = the scores' element type, 1 = float32 (the export cast around "
+                          "Softmax)",
+     "nan_to_zero": "int 0/1: a fully masked row gives 0 instead of NaN (transformers' "
+                    "Where(IsNaN(p), 0, p) after Softmax)"},
+    "Q [B, H, S, D], K [B, Hkv, T, D], V [B, Hkv, T, Dv] (BHSD layout); with K and V heads repeated "
+    "to H: Y = softmax(scale * Q.K^T + mask, axis=-1) . V, Y [B, H, S, Dv] in Q's element type; Mask "
+    "broadcasts to [B, H, S, T]",
+    "Vaswani et al. 2017 (scaled dot-product attention); ONNX Attention-23 (same inputs, is_causal, "
+    "scale, kv heads by shape, softmax_precision); torch scaled_dot_product_attention")
+
+SCHEMAS.setdefault(OP_TYPE, SCHEMA)
+
+__all__ = ["MASK_KINDS", "OP_TYPE", "SCHEMA"]

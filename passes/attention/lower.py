@@ -1,0 +1,175 @@
+"""Lowerings of passctl::Attention: ONNX Attention-23, com.microsoft.MultiHeadAttention, decomposed."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from passctl.ir import Node, Value
+from passctl.passes.attention.canonical import OP_TYPE
+from passctl.passes.attention.layout import _head_split, dims
+from passctl.passes.fusion.canonical import MS_DOMAIN
+from passctl.passes.fusion.lowering import LowerContext, register_lowering
+
+ATTENTION_OPSET = 23
+"""First default-domain opset with the ``Attention`` op."""
+
+
+def _attrs(node: Node):
+    return (float(node.attr("scale")), node.attr("mask_kind", "none"), int(node.attr("is_causal", 0)),
+            int(node.attr("num_heads")), int(node.attr("kv_num_heads")),
+            int(node.attr("softmax_precision", 0)), int(node.attr("nan_to_zero", 0)))
+
+
+def _mask(node: Node) -> Optional[Value]:
+    return node.inputs[3] if len(node.inputs) > 3 else None
+
+
+def _np_dtype(v: Value):
+    return v.dtype.numpy() if v.dtype is not None else np.float32
+
+
+def _i64(ctx: LowerContext, values, name: str) -> Value:
+    return ctx.const(np.array(values, dtype=np.int64), name)
+
+
+def _unsqueeze(ctx: LowerContext, x: Value, axes) -> Value:
+    if ctx.opset >= 13:
+        return ctx.b.op("Unsqueeze", x, _i64(ctx, axes, "attn_axes"))
+    return ctx.b.op("Unsqueeze", x, axes=list(axes))
+
+
+def repeat_kv(ctx: LowerContext, x: Value, n_rep: int, heads: int, head_size: Optional[int]) -> Value:
+    """``[B, Hkv, T, D]`` -> ``[B, Hkv * n_rep, T, D]``, head h reading KV head h // n_rep
+    (transformers' ``repeat_kv``: Unsqueeze, Expand, Reshape)."""
+    if n_rep == 1:
+        return x
+    e = ctx.b.op("Expand", _unsqueeze(ctx, x, [2]), _i64(ctx, [1, 1, n_rep, 1, 1], "attn_rep"))
+    return ctx.b.op("Reshape", e, _i64(ctx, [0, heads, -1, head_size or -1], "attn_rep_shape"))
+
+
+def _nan_to_zero(ctx: LowerContext, y: Value) -> Value:
+    zero = ctx.const(np.array(0, dtype=_np_dtype(y)), "attn_zero")
+    return ctx.b.op("Where", ctx.b.op("IsNaN", y), zero, y)
+
+
+def decomposed(ctx: LowerContext, node: Node) -> Optional[Value]:
+    """The canonical op's math in standard ops of any opset >= 13: MatMul, Mul by the scale, mask
+    Add / Where, Softmax(-1) (in float32 when ``softmax_precision``), MatMul with V. ``is_causal``
+    without a mask becomes a Trilu lower triangle (opset >= 14); with a mask the mask already holds
+    the causal part (the fusion sets the flag only then), so it is not applied twice."""
+    q, k, v = node.inputs[:3]
+    mask = _mask(node)
+    scale, kind, causal, heads, kv_heads, precision, nan_zero = _attrs(node)
+    if ctx.opset < 13 or (causal and mask is None and ctx.opset < 14):
+        return None
+    b, dtype = ctx.b, _np_dtype(q)
+    head_size = dims(q)[3] if dims(q) else None
+    n_rep = heads // kv_heads
+    k = repeat_kv(ctx, k, n_rep, heads, head_size if isinstance(head_size, int) else None)
+    v = repeat_kv(ctx, v, n_rep, heads, None)
+    s = b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2]))
+    s = b.op("Mul", s, ctx.const(np.array(scale, dtype=dtype), "attn_scale"))
+    if kind == "additive":
+        s = b.op("Add", s, mask)
+    elif kind == "boolean":
+        s = b.op("Where", mask, s, ctx.const(np.array(-np.inf, dtype=dtype), "attn_neg_inf"))
+    if causal and mask is None:
+        lengths = b.op("Shape", s, start=-2) if ctx.opset >= 15 else b.op(
+            "Slice", b.op("Shape", s), _i64(ctx, [-2], "attn_m2"), _i64(ctx, [2**62], "attn_end"))
+        ones = b.op("ConstantOfShape", lengths, value=np.ones(1, dtype=np.bool_))
+        s = b.op("Where", b.op("Trilu", ones, upper=0), s,
+                 ctx.const(np.array(-np.inf, dtype=dtype), "attn_neg_inf"))
+    cast = precision == 1 and q.dtype is not None and q.dtype.name != "FLOAT"
+    if cast:
+        s = b.op("Cast", s, to=1)
+    p = b.op("Softmax", s, axis=-1)
+    if cast:
+        p = b.op("Cast", p, to=int(q.dtype))
+    if nan_zero:
+        p = _nan_to_zero(ctx, p)
+    ctx.form = f"{OP_TYPE}->decomposed"
+    return b.op("MatMul", p, v)
+
+
+def attention23(ctx: LowerContext, node: Node) -> Optional[Value]:
+    """ONNX ``Attention`` (opset 23) with the 4-D inputs as they are (KV heads by shape): only for
+    models whose default opset is already >= 23 (an opset cannot be raised for one node)."""
+    if ctx.opset < ATTENTION_OPSET:
+        return None
+    q, k, v = node.inputs[:3]
+    mask = _mask(node)
+    scale, kind, causal, _, _, precision, nan_zero = _attrs(node)
+    ins = [q, k, v] + ([mask] if mask is not None and kind != "none" else [])
+    y = ctx.b.op("Attention", *ins, scale=scale, is_causal=causal,
+                 softmax_precision=1 if precision == 1 else None)
+    ctx.form = f"{OP_TYPE}->Attention-23"
+    return _nan_to_zero(ctx, y) if nan_zero else y
+
+
+def _to_bsd(ctx: LowerContext, x: Value, heads: int, head_size: Optional[int]) -> Value:
+    """``[B, H, S, D]`` -> ``[B, S, H * D]``; when ``x`` is ``Transpose(Reshape(y, [B, S, H, D]),
+    (0, 2, 1, 3))`` of a 3-D ``y`` (the head split), ``y`` itself."""
+    t = x.producer
+    if t is not None and t.op_type == "Transpose" and tuple(t.attr("perm") or ()) == (0, 2, 1, 3):
+        r = t.inputs[0].producer
+        if r is not None and r.op_type == "Reshape" and _head_split(r) == ("B", "S", "H", "D"):
+            return r.inputs[0]
+    hidden = heads * head_size if isinstance(head_size, int) else -1
+    return ctx.b.op("Reshape", ctx.b.op("Transpose", x, perm=[0, 2, 1, 3]),
+                    _i64(ctx, [0, 0, hidden], "attn_bsd"))
+
+
+def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
+    """``com.microsoft.MultiHeadAttention(query, key, value, bias=, key_padding_mask=,
+    attention_bias)`` with 3-D ``[B, S, H * D]`` inputs (ONNX Runtime ContribOperators.md), KV heads
+    repeated to H for grouped-query attention, a boolean mask turned into a 0 / -inf bias expanded to
+    ``[B|1, 1, S, T]``; the output goes back to ``[B, H, S, Dv]`` (Reshape + Transpose, which ONNX
+    Runtime cancels against the model's own Transpose). None when V's head size differs from Q's."""
+    q, k, v = node.inputs[:3]
+    mask = _mask(node)
+    scale, kind, causal, heads, kv_heads, _, nan_zero = _attrs(node)
+    qd, vd = dims(q), dims(v)
+    if qd is None or vd is None or (isinstance(vd[3], int) and isinstance(qd[3], int) and vd[3] != qd[3]):
+        return None
+    b, dtype = ctx.b, _np_dtype(q)
+    head_size = qd[3] if isinstance(qd[3], int) else None
+    n_rep = heads // kv_heads
+    k3 = _to_bsd(ctx, repeat_kv(ctx, k, n_rep, heads, head_size), heads, head_size)
+    v3 = _to_bsd(ctx, repeat_kv(ctx, v, n_rep, heads, head_size), heads, head_size)
+    q3 = _to_bsd(ctx, q, heads, head_size)
+    bias = None
+    if kind != "none" and mask is not None:
+        bias = mask
+        if kind == "boolean":
+            bias = b.op("Where", mask, ctx.const(np.array(0, dtype=dtype), "attn_zero"),
+                        ctx.const(np.array(-np.inf, dtype=dtype), "attn_neg_inf"))
+        md = dims(mask) or []
+        if len(md) < 4:
+            bias = _unsqueeze(ctx, bias, list(range(4 - len(md))))
+        if len(md) < 2 or md[-2] != dims(q)[2]:
+            seq = b.op("Shape", q, start=2, end=3) if ctx.opset >= 15 else b.op(
+                "Slice", b.op("Shape", q), _i64(ctx, [2], "attn_s"), _i64(ctx, [3], "attn_e"))
+            shape = b.op("Concat", _i64(ctx, [1, 1], "attn_11"), seq, _i64(ctx, [1], "attn_1"), axis=0)
+            bias = b.op("Expand", bias, shape)
+    ins = [q3, k3, v3, None, None, bias]
+    while ins[-1] is None:
+        ins.pop()
+    y = b.op("MultiHeadAttention", *ins, domain=MS_DOMAIN, num_heads=heads, scale=scale,
+             unidirectional=causal if causal else None)
+    if nan_zero:
+        y = _nan_to_zero(ctx, y)
+    ctx.form = f"{OP_TYPE}->com.microsoft::MultiHeadAttention" + (" (kv repeated)" if n_rep > 1 else "")
+    y4 = b.op("Reshape", y, _i64(ctx, [0, 0, heads, -1], "attn_bshd"))
+    return b.op("Transpose", y4, perm=[0, 2, 1, 3])
+
+
+# NOTE: the first function that returns a value wins: Attention-23 only exists from opset 23; MHA
+# needs equal Q/V head sizes; decomposed always works (opset >= 13).
+for _fn in (attention23, multi_head_attention, decomposed):
+    register_lowering("onnxruntime", OP_TYPE, _fn)
+for _fn in (attention23, decomposed):
+    register_lowering("standard", OP_TYPE, _fn)
+
+__all__ = ["ATTENTION_OPSET", "attention23", "decomposed", "multi_head_attention", "repeat_kv"]
