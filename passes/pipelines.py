@@ -102,6 +102,35 @@ AMP: List[str] = [
 # only activation="Relu" (contrib_ops/cuda/fused_conv.cc, MapMode): no fuse-conv-activation there.
 FUSE_ONNXRUNTIME_GPU: List[str] = [n for n in FUSE_ONNXRUNTIME if n != "fuse-conv-activation"]
 
+# Attention substitution (issue 6): every guarded attention pattern -> passctl::Attention, then the
+# target's kernel. ONNX Runtime: Attention-23 from opset 23, else com.microsoft.MultiHeadAttention.
+FLASH_ATTN_ONNXRUNTIME: List[str] = [
+    # NOTE: infer-shapes first: the attention guard needs ranks, the static head count and head size.
+    "infer-shapes",
+    "fuse-attention",
+    "lower-onnxruntime",
+    # NOTE: dce last: the rewrite leaves the K^T transposes, repeat_kv expansions and head-split
+    # reshapes it looked through, and MultiHeadAttention takes the 3-D projections directly.
+    "dce",
+]
+
+FLASH_ATTN_TVM: List[str] = [
+    "infer-shapes",
+    # NOTE: no lowering: the TVM emitter translates passctl::Attention to Relax's nn.attention
+    # (passes/attention/tvm_relax.py), which TVM offloads to flash-style kernels on CUDA.
+    "fuse-attention",
+    "dce",
+]
+
+FLASH_ATTN_STANDARD: List[str] = [
+    "infer-shapes",
+    "fuse-attention",
+    # NOTE: lower-standard gives ONNX Attention-23 (TensorRT's parser maps it to its fused attention)
+    # when the model's opset is >= 23, else the decomposed form (no kernel to substitute).
+    "lower-standard",
+    "dce",
+]
+
 # alias -> target -> ordered pass names. A target missing here uses DEFAULT_TARGET's list.
 ALIASES: Dict[str, Dict[str, List[str]]] = {
     "cleanup": {DEFAULT_TARGET: CLEANUP},
@@ -109,14 +138,14 @@ ALIASES: Dict[str, Dict[str, List[str]]] = {
              **{gpu: FUSE_ONNXRUNTIME_GPU for gpu in ("a10", "t4", "l4", "a100", "h100", "h200")}},
     "reparam": {DEFAULT_TARGET: REPARAM},
     "amp": {DEFAULT_TARGET: AMP},
-    "flash-attn": {DEFAULT_TARGET: []},
+    "flash-attn": {DEFAULT_TARGET: FLASH_ATTN_ONNXRUNTIME, "tvm": FLASH_ATTN_TVM,
+                   "tensorrt": FLASH_ATTN_STANDARD},
     "quantize": {DEFAULT_TARGET: []},
 }
 
 # Why an alias without passes fails: the feature that will bring them.
 NOT_YET: Dict[str, str] = {
     "fuse": "operator fusion is not implemented in this version",
-    "flash-attn": "attention substitution (FlashAttention / fused attention) is not implemented in this version",
     "quantize": "quantization is not implemented in this version",
 }
 

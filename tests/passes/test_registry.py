@@ -70,8 +70,7 @@ def test_cleanup_alias_expands_in_order():
         "dce", "infer-shapes", "eliminate-identity", "fold-constants", "cse", "dce", "fuse-conv-bn"]
 
 
-@pytest.mark.parametrize("alias,feature", [
-    ("flash-attn", "attention"), ("quantize", "quantization")])
+@pytest.mark.parametrize("alias,feature", [("quantize", "quantization")])
 def test_aliases_without_passes_say_what_is_missing(alias, feature):
     with pytest.raises(UserError) as info:
         expand_alias(alias, "h100")
