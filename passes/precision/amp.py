@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 MEASURED = "measured sensitivity"
 OVERFLOW = "overflow"
 FOLLOWS = "follows its producers"
+# Float32 nodes that compute nothing on float data (their float value is an attribute or only its
+# shape is read); left out of the per-node report.
+_NOT_LISTED = frozenset({"Constant", "Shape", "Size"})
 
 
 def target_support(target: TargetProfile) -> Dict[str, Any]:
@@ -113,7 +116,7 @@ class MixedPrecision(Pass):
         """
 
         dtype: Literal["fp16", "bf16"] = "fp16"
-        budget: float = 1e-3
+        budget: float = 1e-2
         metric: Literal["max-rel", "mean-rel", "cosine"] = "mean-rel"
         calib: str = ""
         samples: int = 2
@@ -157,9 +160,9 @@ class MixedPrecision(Pass):
                                      o.keep_io)
         report = []
         for i, n in enumerate(nodes):
-            if not has_float32(n) and i not in low_set:
+            if (not has_float32(n) or n.op_type in _NOT_LISTED) and i not in low_set:
                 continue
-            entry = {"name": n.name, "op": n.op_type,
+            entry = {"name": n.name or f"{n.op_type}@{i}", "op": n.op_type,
                      "precision": o.dtype if i in low_set else "fp32"}
             if i not in low_set:
                 entry["why"] = why.get(i, FOLLOWS)
@@ -185,9 +188,13 @@ class MixedPrecision(Pass):
             if becomes_inf(big, low) and i not in why and has_float32(n):
                 why[i] = f"{OVERFLOW} (|x| up to {big:.3g} > {limit:.6g})"
         for i in compute:
-            score[i] = {"max_rel": _round(m.max_rel.get(i)), "mean_rel": _round(m.mean_rel.get(i))}
+            score[i] = {"max_rel": _round(m.max_rel.get(i)), "mean_rel": _round(m.mean_rel.get(i)),
+                        "input_rel": _round((m.input_max_rel if o.metric == "max-rel"
+                                             else m.input_mean_rel).get(i))}
         candidates = [i for i in compute if i not in why]
-        key = m.max_rel if o.metric == "max-rel" else m.mean_rel
+        own = m.max_rel if o.metric == "max-rel" else m.mean_rel
+        suffer = m.input_max_rel if o.metric == "max-rel" else m.input_mean_rel
+        key = _propagate(nodes, set(candidates), own, suffer)
         ranking = sorted(candidates, key=lambda i: (-key.get(i, 0.0), i))
         reference = run_model(model, feeds)
         cache: WeightCache = {}
@@ -211,6 +218,31 @@ class MixedPrecision(Pass):
         if not result.within_budget:
             logger.warning("amp: budget %g not met even with every searched node in float32", o.budget)
         return set(ranking[result.count:])
+
+
+def _propagate(nodes: List[Node], candidates: Set[int], own: Dict[int, float],
+               suffer: Dict[int, float]) -> Dict[int, float]:
+    """Ranking score: a node's own error, raised to the input-rounding error of any candidate that
+    reads its output (through exact ops), since keeping that consumer float32 does not help while
+    this producer rounds its output (``Sub(Add(x, 1000), 1000)``: the Add must stay float32 too)."""
+    pos = {n: i for i, n in enumerate(nodes)}
+    key = {i: own.get(i, 0.0) for i in candidates}
+    for c in candidates:
+        hurt = suffer.get(c, 0.0)
+        stack = [v for v in nodes[c].inputs if v is not None]
+        seen = set()
+        while stack:
+            v = stack.pop()
+            producer = v.producer
+            if producer is None or producer in seen or producer not in pos:
+                continue
+            seen.add(producer)
+            i = pos[producer]
+            if i in candidates:
+                key[i] = max(key[i], hurt)
+            elif is_exact(producer):
+                stack.extend(u for u in producer.inputs if u is not None)
+    return key
 
 
 def _round(x: Optional[float]) -> Optional[float]:

@@ -47,7 +47,8 @@ def convert_array(arr: np.ndarray, dtype: DataType) -> Tuple[np.ndarray, int]:
     """``arr`` (float32) in ``dtype``, finite values that would round to inf clamped to the finite
     range; returns the array and how many values were clamped (the rules keep such constants out)."""
     target = dtype.numpy()
-    out = np.asarray(arr).astype(target)
+    with np.errstate(over="ignore"):
+        out = np.asarray(arr).astype(target)
     bad = np.isinf(out) & np.isfinite(arr)
     clamped = int(np.count_nonzero(bad))
     if clamped:

@@ -43,7 +43,10 @@ def becomes_inf(absmax: float, low: DataType) -> bool:
     """
     if not np.isfinite(absmax):
         return False
-    return bool(np.isinf(np.array([absmax], np.float32).astype(low.numpy()))[0])
+    if absmax > float(np.finfo(np.float32).max):
+        return True
+    with np.errstate(over="ignore"):
+        return bool(np.isinf(np.array([absmax], np.float32).astype(low.numpy()))[0])
 
 
 def constant_overflows(value: Optional[Value], low: DataType) -> Optional[float]:
@@ -166,7 +169,9 @@ def rule_fp32_nodes(graph: Graph, low: DataType, long_reduction: int = 4096) -> 
         if not any(v is not None and v.dtype == DataType.FLOAT for v in (*node.inputs, *node.outputs)):
             continue
         if not convertible(node):
-            keep(node, f"{NO_LOW_FORM} ({node.op_type})")
+            unknown = any(v is not None and v.dtype is None for v in (*node.inputs, *node.outputs))
+            keep(node, f"{NO_LOW_FORM} ({node.op_type}" + (": element types unknown, run "
+                                                           "infer-shapes first)" if unknown else ")"))
             continue
         for i in typed_inputs(node) or ():
             absmax = constant_overflows(node.inputs[i] if i < len(node.inputs) else None, low)

@@ -91,12 +91,17 @@ class Measurement:
         max_rel: node position -> max |low - fp32| / max |fp32| of the node's first output, with only
             that node in low precision (inputs exact float32, rounded on entry).
         mean_rel: node position -> sum |low - fp32| / sum |fp32| (same run).
+        input_max_rel, input_mean_rel: the same errors from rounding the node's inputs alone (output
+            computed and kept in float32): how much the node suffers when its producers are low,
+            e.g. a Sub of two nearly equal values.
         seconds: wall time of the run, including building the session.
     """
 
     absmax: Dict[str, float] = field(default_factory=dict)
     max_rel: Dict[int, float] = field(default_factory=dict)
     mean_rel: Dict[int, float] = field(default_factory=dict)
+    input_max_rel: Dict[int, float] = field(default_factory=dict)
+    input_mean_rel: Dict[int, float] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -143,7 +148,7 @@ def measure(model: Model, candidates: Sequence[int], low: DataType, feeds: Feeds
             rounded[v] = op("Cast", [op("Cast", [v], low, to=int(low))], DataType.FLOAT, to=int(DataType.FLOAT))
         return rounded[v]
 
-    probes: Dict[int, Tuple[str, str, str]] = {}
+    probes: Dict[int, Tuple[str, ...]] = {}
     for p in candidates:
         node = nodes[p]
         slots = set(float_inputs(node))
@@ -153,32 +158,40 @@ def measure(model: Model, candidates: Sequence[int], low: DataType, feeds: Feeds
                      name=f"amp_clone_{p}")
         graph.append(clone)
         ref = node.outputs[0]
-        diff = op("Abs", [op("Sub", [round_low(outs[0]), ref], DataType.FLOAT)], DataType.FLOAT)
-        e_max = op("ReduceMax", [diff], DataType.FLOAT, True, keepdims=0)
-        e_sum = op("ReduceSum", [diff], DataType.FLOAT, True, keepdims=0)
-        r_sum = op("ReduceSum", [op("Abs", [ref], DataType.FLOAT)], DataType.FLOAT, True, keepdims=0)
-        outputs += [e_max, e_sum, r_sum]
-        probes[p] = (e_max.name, e_sum.name, r_sum.name)
+        names = []
+        for result in (round_low(outs[0]), outs[0]):  # full low precision, then input rounding only
+            diff = op("Abs", [op("Sub", [result, ref], DataType.FLOAT)], DataType.FLOAT)
+            names.append(op("ReduceMax", [diff], DataType.FLOAT, True, keepdims=0))
+            names.append(op("ReduceSum", [diff], DataType.FLOAT, True, keepdims=0))
+        names.append(op("ReduceSum", [op("Abs", [ref], DataType.FLOAT)], DataType.FLOAT, True,
+                        keepdims=0))
+        outputs += names
+        probes[p] = tuple(v.name for v in names)
     graph.outputs = outputs
     results = run_model(work, feeds)
     m = Measurement()
     for name, out in range_names.items():
         values = [float(r[out]) for r in results if np.isfinite(r[out])]
         m.absmax[name] = max(values) if values else 0.0
-    for p, (e_max, e_sum, r_sum) in probes.items():
-        ref_name = nodes[p].outputs[0].name
-        ref_max = m.absmax.get(ref_name, 0.0)
-        worst = max(float(r[e_max]) for r in results)
-        m.max_rel[p] = worst / ref_max if ref_max > 0 else (0.0 if worst == 0 else np.inf)
+    for p, (e_max, e_sum, i_max, i_sum, r_sum) in probes.items():
+        ref_max = m.absmax.get(nodes[p].outputs[0].name, 0.0)
         total = sum(float(r[r_sum]) for r in results)
-        err = sum(float(r[e_sum]) for r in results)
-        m.mean_rel[p] = err / total if total > 0 else (0.0 if err == 0 else np.inf)
-        if not np.isfinite(m.max_rel[p]):
-            m.max_rel[p] = np.inf
+        for maxes, means, err_max, err_sum in ((m.max_rel, m.mean_rel, e_max, e_sum),
+                                               (m.input_max_rel, m.input_mean_rel, i_max, i_sum)):
+            maxes[p] = _ratio(max(float(r[err_max]) for r in results), ref_max)
+            means[p] = _ratio(sum(float(r[err_sum]) for r in results), total)
     m.seconds = time.perf_counter() - start
     logger.info("amp: measured %d values and %d nodes in %.1f s", len(range_names), len(probes),
                 m.seconds)
     return m
+
+
+def _ratio(err: float, scale: float) -> float:
+    if not np.isfinite(err):
+        return float("inf")
+    if scale > 0:
+        return err / scale
+    return 0.0 if err == 0 else float("inf")
 
 
 def output_error(reference: List[Dict[str, np.ndarray]], candidate: List[Dict[str, np.ndarray]],

@@ -1,0 +1,119 @@
+"""amp's Cast writer: weights converted once, interface types kept, no Cast ping-pong, typed graphs run."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import onnx.parser
+
+from passctl.ir import DataType, from_onnx, to_onnx
+from passctl.passes.common import InferShapes
+from passctl.passes.manager import PassManager
+from passctl.passes.pipeline_text import build_pipeline
+from passctl.passes.precision import simplify_casts
+from passctl.tools.check import run_onnxruntime
+
+
+def _shared_weight_model() -> onnx.ModelProto:
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    two (float[4,32] x) => (float[4,32] y)
+    {
+      a = MatMul(x, w)
+      r = Relu(a)
+      b = MatMul(r, w)
+      t = Transpose <perm=[1,0]> (b)
+      u = Transpose <perm=[1,0]> (t)
+      y = Add(u, x)
+    }
+    """)
+    w = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32) / 6
+    model.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
+    return model
+
+
+def _run_amp(proto, pipeline, target="cpu"):
+    model = from_onnx(proto)
+    result = PassManager(build_pipeline(pipeline, target), verify_each=True).run(model)
+    return to_onnx(model), next(r.stats for r in result.records if r.name == "mixed-precision")
+
+
+def _ops(proto):
+    return [n.op_type for n in proto.graph.node]
+
+
+def test_weight_converted_once_and_interface_kept():
+    proto = _shared_weight_model()
+    x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
+    reference = run_onnxruntime(proto, {"x": x})["y"]
+    out, stats = _run_amp(proto, "amp{dtype=fp16,measure=false}", "a100")
+    inits = {i.name: i for i in out.graph.initializer}
+    assert [i.data_type for i in inits.values()] == [onnx.TensorProto.FLOAT16]  # one copy, fp16
+    assert np.array_equal(onnx.numpy_helper.to_array(next(iter(inits.values()))),
+                          onnx.numpy_helper.to_array(proto.graph.initializer[0]).astype(np.float16))
+    assert stats["weights_converted"] == 1 and stats["weight_bytes_saved"] == 32 * 32 * 2
+    assert out.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert out.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert out.graph.output[0].name == "y"
+    # a100: the real typed graph, one Cast in (x) and one out (y); the Transposes follow in fp16
+    assert _ops(out).count("Cast") == 2 and stats["emulated"] is False
+    assert all(e["precision"] == "fp16" for e in stats["nodes"])
+    got = run_onnxruntime(out, {"x": x})["y"]  # ORT's CPU EP runs fp16 graphs (its own kernels/casts)
+    assert np.abs(got - reference).max() / np.abs(reference).max() < 5e-3
+
+
+def test_cpu_target_emulates_and_rounds_like_fp16():
+    proto = _shared_weight_model()
+    x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
+    out, stats = _run_amp(proto, "amp{dtype=bf16,measure=false}", "cpu")
+    assert stats["emulated"] is True and stats["emulated_nodes"] == 4  # 2 MatMul, Add; Relu: no bf16 CPU kernel
+    got = run_onnxruntime(out, {"x": x})["y"]
+    # numpy emulation of the same rounding: bf16 storage of every node output, float32 compute
+    import ml_dtypes
+    bf = lambda v: np.asarray(v, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)  # noqa
+    w = bf(onnx.numpy_helper.to_array(proto.graph.initializer[0]))
+    a = bf(bf(x) @ w)
+    b = bf(bf(np.maximum(a, 0)) @ w)
+    expected = bf(b + bf(x))
+    assert np.allclose(got, expected, rtol=0, atol=np.abs(expected).max() * 2 ** -7)
+
+
+def test_keep_io_false_makes_the_interface_low():
+    out, _ = _run_amp(_shared_weight_model(), "amp{dtype=fp16,measure=false,keep_io=false}", "t4")
+    assert out.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    assert out.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    assert "Cast" not in _ops(out)
+    x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float16)
+    assert run_onnxruntime(out, {"x": x})["y"].dtype == np.float16
+
+
+def test_simplify_casts_removes_ping_pong_and_keeps_rounding():
+    model = from_onnx(onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    casts (float16[8] h, float[8] f, bool[8] m) => (float16[8] y1, float[8] y2, float16[8] y3, float[8] y4)
+    {
+      h32 = Cast <to=1> (h)
+      y1 = Cast <to=10> (h32)
+      f16 = Cast <to=10> (f)
+      y2 = Cast <to=1> (f16)
+      m32 = Cast <to=1> (m)
+      y3 = Cast <to=10> (m32)
+      same = Cast <to=1> (f)
+      y4 = Relu(same)
+    }
+    """))
+    InferShapes().run(model)
+    removed = simplify_casts(model.graph)
+    nodes = {n.outputs[0].name: n for n in model.graph}
+    assert nodes["y1"].op_type == "Cast" and nodes["y1"].inputs[0].name == "h"  # f16 -> f32 -> f16: exact
+    assert nodes["y2"].inputs[0].name == "f16"  # f32 -> f16 -> f32 is a rounding: kept
+    assert nodes["y3"].inputs[0].name == "m"  # bool -> f32 -> f16 == bool -> f16
+    assert nodes["y4"].inputs[0].name == "f"  # Cast to its own type is gone
+    assert removed == 3 and sorted(n.op_type for n in model.graph) == ["Cast"] * 4 + ["Relu"]
+    h = np.arange(8).astype(np.float16) / 3
+    f = np.linspace(-1, 1, 8).astype(np.float32) / 3
+    m = np.array([0, 1] * 4, bool)
+    got = run_onnxruntime(to_onnx(model), {"h": h, "f": f, "m": m})
+    assert np.array_equal(got["y1"], h) and np.array_equal(got["y2"], f.astype(np.float16).astype(np.float32))
+    assert np.array_equal(got["y3"], m.astype(np.float16)) and np.array_equal(got["y4"], np.maximum(f, 0))
