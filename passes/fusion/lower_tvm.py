@@ -17,6 +17,10 @@ from passctl.passes.registry import get_pass, register_pass
 logger = logging.getLogger(__name__)
 
 
+MAX_ROUNDS = 4
+"""Rounds of infer-shapes + fold-constants + dce after static dims (rule 2)."""
+
+
 def parse_dims(text: str) -> Dict[str, int]:
     """``"batch=1,sequence=128"`` -> ``{"batch": 1, "sequence": 128}`` (also ``input_ids[1]=128``).
 
@@ -43,8 +47,9 @@ class LowerTvm(Pass):
          Shape -> Gather/Concat -> Expand/Reshape chain folds to constants, which avoids the
          frontend's Expand converter comparing symbolic dims with Python ``==`` ("Cannot use and /
          or / not operator to Expr").
-      2. When rule 1 changed anything: infer-shapes, fold-constants and dce run again (their
-         statistics are summed in [infer/fold/dce_*]).
+      2. When rule 1 changed anything: infer-shapes, fold-constants and dce run again, up to
+         :data:`MAX_ROUNDS` times while folding changes the IR (statistics summed in
+         [infer-shapes:*, fold-constants:*, dce:*]).
       3. ``ConstantOfShape`` whose shape input is a constant empty 1-D tensor (a scalar result)
          becomes a scalar initializer [scalar_constant_of_shape]. Cause of BERT's import failure
          in TVM 0.27 ("broadcast_to expects the input shape to have the number of ndim at least as
@@ -83,11 +88,18 @@ class LowerTvm(Pass):
             if new != list(v.shape.dims):
                 v.type = TensorType(v.type.dtype, Shape(tuple(new)), v.type.denotation)
         if stats["dims_fixed"]:
-            for name in ("infer-shapes", "fold-constants", "dce"):
-                result = get_pass(name)()(model)
-                for k, n in result.stats.items():
-                    if isinstance(n, int):
-                        stats[f"{name}:{k}"] = n
+            # NOTE: repeated: a folded Shape gives shape inference a constant, which lets the next
+            # round fold the Shape of a value further down (Range -> Reshape chains).
+            for _ in range(MAX_ROUNDS):
+                changed = False
+                for name in ("infer-shapes", "fold-constants", "dce"):
+                    result = get_pass(name)()(model)
+                    changed |= name == "fold-constants" and result.modified
+                    for k, n in result.stats.items():
+                        if isinstance(n, int):
+                            stats[f"{name}:{k}"] = stats.get(f"{name}:{k}", 0) + n
+                if not changed:
+                    break
         stats["scalar_constant_of_shape"] = _scalar_constant_of_shape(model.graph)
         modified = stats["dims_fixed"] > 0 or stats["scalar_constant_of_shape"] > 0
         return PassResult(modified, stats)

@@ -48,18 +48,39 @@ def gpu_pipeline(target):
     return relax.get_default_pipeline(target)
 
 
+TRANSFORM_PARAMS = "main_transform_params"
+"""The function LiftTransformParams adds: weights in, weights in the kernels' layout out."""
+
+
 def compile_module(mod, target, schedule: bool = True):
     """``tvm.compile`` ``mod`` for ``target`` (a ``tvm.target.Target``) with passctl's pipeline.
 
+    For llvm with ``schedule``, convolutions are first converted to NHWC / HWIO
+    (:func:`passctl.targets.tvm.cpu_schedule.conv_layout_pass`) and the weight transposes this
+    adds are lifted into :data:`TRANSFORM_PARAMS` (``relax.transform.LiftTransformParams``),
+    which the runtime calls once at load, so no inference pays for them.
+
     Returns:
-        the ``tvm.relax.Executable``.
+        ``(executable, transform)``: the ``tvm.relax.Executable`` and the name of the weight
+        transform function (None when there is none).
     """
     tvm = import_tvm()
+    from tvm import relax
+
+    transform = None
     if target.kind.name == "llvm":
+        if schedule:
+            from passctl.targets.tvm.cpu_schedule import conv_layout_pass
+
+            with target:
+                mod = conv_layout_pass()(mod)
+                mod = relax.transform.LiftTransformParams()(mod)
+            names = {gv.name_hint for gv in mod.get_global_vars()}
+            transform = TRANSFORM_PARAMS if TRANSFORM_PARAMS in names else None
         pipeline = cpu_pipeline(target, schedule=schedule)
     else:
         pipeline = gpu_pipeline(target)
-    return tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    return tvm.compile(mod, target=target, relax_pipeline=pipeline), transform
 
 
 __all__ = ["compile_module", "cpu_pipeline", "gpu_pipeline"]

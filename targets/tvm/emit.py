@@ -113,7 +113,7 @@ class TvmEmitter(Emitter):
         t1 = time.perf_counter()
         from passctl.targets.tvm.build import compile_module
 
-        executable = compile_module(mod, tgt, schedule=self.schedule)
+        executable, transform = compile_module(mod, tgt, schedule=self.schedule)
         t2 = time.perf_counter()
         executable.export_library(os.path.join(folder, LIBRARY_FILE))
         main = mod["main"]
@@ -134,6 +134,7 @@ class TvmEmitter(Emitter):
             "profile": target.to_dict(),
             "tvm_version": tvm.__version__,
             "cpu_schedules": bool(self.schedule and not target.is_gpu),
+            "transform_params": transform,
         }
         with open(os.path.join(folder, MANIFEST_FILE), "w") as f:
             json.dump(manifest, f, indent=2)

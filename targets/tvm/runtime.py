@@ -33,8 +33,9 @@ class TvmArtifact:
 
     Needs only ``tvm.runtime`` (no passctl compiler code, no Relax compiler). The manifest holds
     ``schema``, ``library``, ``params`` (file), ``param_names`` (VM argument order after the inputs),
-    ``inputs`` / ``outputs`` (``[{"name", "shape", "dtype"}]``), ``device`` (``"cpu"`` or ``"cuda"``)
-    and ``target`` (the TVM target as a dict).
+    ``inputs`` / ``outputs`` (``[{"name", "shape", "dtype"}]``), ``device`` (``"cpu"`` or ``"cuda"``),
+    ``target`` (the TVM target as a dict) and ``transform_params`` (the VM function that puts the
+    weights into the kernels' layout, called once here, or null).
 
     Args:
         folder: the artifact folder.
@@ -53,6 +54,9 @@ class TvmArtifact:
         self.vm = VirtualMachine(lib, self.device)
         params = rt.load_param_dict_from_file(os.path.join(folder, self.manifest["params"]))
         self.params = [rt.tensor(params[n].numpy(), self.device) for n in self.manifest["param_names"]]
+        transform = self.manifest.get("transform_params")
+        if transform:  # weights into the kernels' layout, once (LiftTransformParams)
+            self.params = list(self.vm[transform](self.params))
         self.input_names: List[str] = [i["name"] for i in self.manifest["inputs"]]
         self.output_names: List[str] = [o["name"] for o in self.manifest["outputs"]]
 
