@@ -1,0 +1,79 @@
+"""``passctl run ARTIFACT`` on an ONNX Runtime and a TVM artifact: outputs, summaries, latency."""
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from helpers import rel_err, run_ort
+from onnx import TensorProto, helper, numpy_helper
+
+RNG = np.random.default_rng(5)
+
+
+def _model(path):
+    w = numpy_helper.from_array(RNG.standard_normal((24, 10)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+         helper.make_node("Tanh", ["m"], ["y"], name="tanh")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 24])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])], [w])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(proto, path)
+    return proto
+
+
+def _passctl(*args):
+    return subprocess.run([sys.executable, "-m", "passctl.tools.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    proto = _model(tmp / "m.onnx")
+    r = _passctl(tmp / "m.onnx", "-o", tmp / "ort", "-q")
+    assert r.returncode == 0, r.stderr
+    r = _passctl(tmp / "m.onnx", "-p", 'cleanup,lower-tvm{dims="batch=3"}', "--emit", "tvm",
+                 "-o", tmp / "tvm", "-q")
+    assert r.returncode == 0, r.stderr
+    x = RNG.uniform(-1, 1, (3, 24)).astype(np.float32)
+    np.savez(tmp / "in.npz", x=x)
+    return tmp, proto, x
+
+
+@pytest.mark.parametrize("kind", ["ort", "tvm"])
+def test_run_given_inputs(artifacts, kind):
+    tmp, proto, x = artifacts
+    out = tmp / f"out_{kind}.npz"
+    r = _passctl("run", tmp / kind, "--inputs", tmp / "in.npz", "--runs", 3,
+                 "--save-outputs", out)
+    assert r.returncode == 0, r.stderr
+    label = "onnxruntime" if kind == "ort" else "tvm"
+    assert f"{label} artifact" in r.stdout
+    want = run_ort(proto, {"x": x})["y"]
+    with np.load(out) as data:
+        got = data["y"]
+    assert rel_err(got, want) < 1e-5
+    assert f"y: [3, 10] float32  min {want.min():.6g}  max {want.max():.6g}" in r.stdout
+    assert "latency: median" in r.stdout and "over 3 runs" in r.stdout
+
+
+def test_run_seeded_inputs_agree_across_artifacts(artifacts):
+    tmp, _, _ = artifacts
+    a = _passctl("run", tmp / "ort", "--dim", "batch=3", "--runs", 1, "--save-outputs", tmp / "a.npz")
+    b = _passctl("run", tmp / "tvm", "--runs", 1, "--save-outputs", tmp / "b.npz")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    with np.load(tmp / "a.npz") as da, np.load(tmp / "b.npz") as db:
+        assert rel_err(db["y"], da["y"]) < 1e-5  # same seed, same make_inputs rules
+
+
+def test_run_errors_are_one_line(artifacts, tmp_path):
+    tmp, _, _ = artifacts
+    r = _passctl("run", tmp_path)
+    assert r.returncode == 2 and "neither session.json" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    np.savez(tmp_path / "bad.npz", x=np.zeros((2, 24), np.float32))
+    r = _passctl("run", tmp / "tvm", "--inputs", tmp_path / "bad.npz")
+    assert r.returncode == 2 and "built for [3, 24]" in r.stderr
