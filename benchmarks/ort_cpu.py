@@ -24,7 +24,9 @@ Headroom: the share of ``ort-all``'s operator time (ONNX Runtime's profiler,
 profiled runs after warm-up) spent outside MatMul/Gemm/Conv and their fused and quantized variants
 (FusedConv, FusedMatMul, QLinearConv...). No exact fp32 fusion can save more than that share. The same
 share is shown for the passctl graph, and ``taken`` = ``(ort-all - passctl) / (ort-all * headroom)``.
-``passctl vs best peer`` is the best peer's median divided by passctl's (above 1: passctl is faster).
+``passctl vs best peer`` is the best peer's median divided by passctl's (above 1: passctl is faster);
+``same by fastest run`` uses each variant's fastest run instead, which other processes on a shared
+machine inflate less than the median (the details give the load average around each model).
 
 Models come from ``tests/zoo.py`` and ``tests/corpus.py`` (exported with torch on first use, cached
 under ``.cache/``). Results go to stdout and ``benchmarks/results/ort_cpu-<UTC date>.md``.
@@ -249,22 +251,29 @@ def _top_ops(by_op: Dict[str, float], count: int = 6) -> str:
     return ", ".join(f"{op} {100 * t / total:.1f}%" for t, op in other[:count])
 
 
+def _vs_best_peer(ms: Dict[str, float]) -> Tuple[Optional[str], Optional[float]]:
+    """The fastest peer in ``ms`` and its time divided by passctl's (``None`` where either is missing)."""
+    peers = {p: ms[p] for p in PEERS if p in ms}
+    best = min(peers, key=peers.get) if peers else None
+    return best, (peers[best] / ms["passctl"] if best and "passctl" in ms else None)
+
+
 def summarize(rows: List[dict]) -> List[str]:
     """The markdown tables of the results."""
-    head = ["model", *VARIANTS, "best peer", "passctl vs best peer", "headroom", "non-GEMM after passctl",
-            "headroom taken"]
+    head = ["model", *VARIANTS, "best peer", "passctl vs best peer", "same by fastest run", "headroom",
+            "non-GEMM after passctl", "headroom taken"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         ms = row["ms"]
-        peers = {p: ms[p] for p in PEERS if p in ms}
-        best = min(peers, key=peers.get) if peers else None
-        ratio = peers[best] / ms["passctl"] if best and "passctl" in ms else None
+        best, ratio = _vs_best_peer(ms)
+        _, ratio_min = _vs_best_peer(row["min_ms"])
         taken = None
         if "passctl" in ms and "ort-all" in ms and row["headroom"] >= MIN_HEADROOM:
             taken = (ms["ort-all"] - ms["passctl"]) / (ms["ort-all"] * row["headroom"])
         cells = [row["label"]] + [_fmt(ms.get(v)) if v in ms else ("error" if v in row["errors"] else "n/a")
                                   for v in VARIANTS]
         cells += [best or "n/a", _fmt(ratio, ".3f") + ("x" if ratio else ""),
+                  _fmt(ratio_min, ".3f") + ("x" if ratio_min else ""),
                   _fmt(100 * row["headroom"], ".1f") + "%",
                   (_fmt(100 * row["headroom_passctl"], ".1f") + "%") if "headroom_passctl" in row else "n/a",
                   (_fmt(100 * taken, ".0f") + "%") if taken is not None else "n/a"]
@@ -281,6 +290,8 @@ def summarize(rows: List[dict]) -> List[str]:
                 extra = f", prepare {info['prepare_s']:.1f} s" if "prepare_s" in info else ""
                 extra += f", fused {json.dumps(info['fused'], sort_keys=True)}" if info.get("fused") else ""
                 parts.append(f"{variant}: max_rel {row['max_rel'][variant]:.1e}{extra}")
+        if "load" in row:
+            parts.append("1-minute load average {:.1f} before, {:.1f} after".format(*row["load"]))
         parts.append("min ms: " + ", ".join(f"{v} {t:.2f}" for v, t in row["min_ms"].items()))
         parts.append("non-GEMM ops of ort-all: " + _top_ops(row["ops_all"]))
         if "ops_passctl" in row:
@@ -318,8 +329,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("\n".join(header), flush=True)
     rows = []
     for model_id in ids:
-        start = time.perf_counter()
+        start, load = time.perf_counter(), os.getloadavg()[0]
         rows.append(bench_model(model_id, args))
+        rows[-1]["load"] = (load, os.getloadavg()[0])
         print(f"{model_id}: done in {time.perf_counter() - start:.0f} s; "
               f"{json.dumps({k: round(v, 2) for k, v in rows[-1]['ms'].items()})}", flush=True)
     lines = header + summarize(rows) + ["", f"Load average at end: {os.getloadavg()[0]:.2f}."]
