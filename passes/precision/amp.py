@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import time
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Optional, Set
 
@@ -245,14 +245,19 @@ def _propagate(nodes: List[Node], candidates: Set[int], own: Dict[int, float],
     return key
 
 
-def _round(x: Optional[float]) -> Optional[float]:
-    return None if x is None else float(f"{x:.4g}")
+def _round(x: Optional[float]) -> Any:
+    """4 significant digits for the report; inf and NaN as strings (report.json is strict JSON)."""
+    if x is None:
+        return None
+    return float(f"{x:.4g}") if math.isfinite(x) else str(x)
 
 
 def _follow(graph: Graph, nodes: List[Node], low_compute: Set[int], why: Dict[int, str]) -> Set[int]:
-    """Add the exact ops whose non-constant float32 inputs are all produced by low nodes."""
+    """Add the exact ops whose non-constant float32 inputs are all produced by low nodes, and those
+    reading only constants (Gather of an embedding table) whose readers are all low compute nodes."""
     low = set(low_compute)
     low_nodes = {nodes[i] for i in low}
+    index = {n: k for k, n in enumerate(nodes)}
     for i, n in enumerate(nodes):
         if i in low or i in why or not is_exact(n) or not convertible(n):
             continue
@@ -261,4 +266,9 @@ def _follow(graph: Graph, nodes: List[Node], low_compute: Set[int], why: Dict[in
         if live and all(v.producer in low_nodes for v in live):
             low.add(i)
             low_nodes.add(n)
+        elif feeds and not live:  # reads constants only (an embedding table): low when its readers are
+            readers = [c for o in n.outputs for c in o.consumers()]
+            if readers and all(index.get(c) in low_compute for c in readers):
+                low.add(i)
+                low_nodes.add(n)
     return low

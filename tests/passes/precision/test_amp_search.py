@@ -1,0 +1,97 @@
+"""amp's measurement and search: ranges, per-node sensitivity, the bisection, the output metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from amp_graphs import cancellation_model
+from passctl.ir import DataType, from_onnx, to_onnx
+from passctl.ir.errors import UserError
+from passctl.passes.common import InferShapes
+from passctl.passes.manager import PassManager
+from passctl.passes.pipeline_text import build_pipeline
+from passctl.passes.precision import measure, output_error, search_fp32_set
+from passctl.passes.precision.sensitivity import calibration_inputs
+from passctl.tools.check import compare, run_onnxruntime
+
+
+def test_search_finds_the_smallest_count_in_few_runs():
+    calls = []
+
+    def evaluate(k):
+        calls.append(k)
+        return 1.0 / (k + 1)
+
+    result = search_fp32_set(list(range(1000)), evaluate, budget=0.01)
+    assert result.count == 99 and result.within_budget and result.error == pytest.approx(0.01)
+    assert len(calls) == len(set(calls)) <= 2 * int(np.log2(100)) + 3
+    assert search_fp32_set(list(range(5)), lambda k: 0.0, 0.1).count == 0
+    never = search_fp32_set(list(range(5)), lambda k: 1.0, 0.1)
+    assert never.count == 5 and never.error == 0.0  # all searched nodes float32: graph unchanged
+
+
+def test_output_error_metrics_match_numpy_and_check():
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((3, 50)).astype(np.float32)
+    c = r + rng.standard_normal((3, 50)).astype(np.float32) * 1e-3
+    assert output_error([{"y": r}], [{"y": c}], "max-rel") == pytest.approx(
+        compare({"y": r}, {"y": c}).max_rel, rel=1e-6)
+    assert output_error([{"y": r}], [{"y": c}], "mean-rel") == pytest.approx(
+        np.abs(r - c).sum() / np.abs(r).sum(), rel=1e-6)
+    r64, c64 = r.ravel().astype(np.float64), c.ravel().astype(np.float64)
+    cos = np.dot(r64, c64) / np.linalg.norm(r64) / np.linalg.norm(c64)
+    assert output_error([{"y": r}], [{"y": c}], "cosine") == pytest.approx(1 - cos, rel=1e-4)
+    c[0, 0] = np.nan
+    assert output_error([{"y": r}], [{"y": c}], "cosine") == float("inf")
+
+
+def test_measure_ranges_and_sensitivity_ranking():
+    proto = cancellation_model()
+    model = from_onnx(proto)
+    InferShapes().run(model)
+    feeds = calibration_inputs(model, samples=2, seed=3)
+    nodes = list(model.graph)
+    m = measure(model, list(range(len(nodes))), DataType.FLOAT16, feeds)
+    ref = ReferenceEvaluator(proto)
+    for name in ("a", "b", "c", "y"):
+        expected = max(np.abs(ref.run([name], f)[0]).max() for f in feeds)
+        assert m.absmax[name] == pytest.approx(expected, rel=1e-6)
+    assert m.absmax["x"] == pytest.approx(max(np.abs(f["x"]).max() for f in feeds))
+    # Sub(Add(x, 1000), 1000) in fp16: spacing 0.5 near 1000, so b is off by up to 0.25
+    assert max(m.max_rel, key=m.max_rel.get) == 1 and 0.1 < m.max_rel[1] < 0.5
+    assert m.input_max_rel[1] > 0.1 and m.input_max_rel[0] < 1e-5
+    assert all(m.max_rel[i] < 2e-3 for i in (0, 2, 3))
+
+
+def test_search_keeps_the_cancelling_pair_fp32():
+    proto = cancellation_model()
+    model = from_onnx(proto)
+    result = PassManager(build_pipeline("amp{dtype=fp16,budget=1e-2,metric=max-rel}", "cpu"),
+                         verify_each=True).run(model)
+    stats = next(r.stats for r in result.records if r.name == "mixed-precision")
+    precision = {e["name"]: (e["precision"], e.get("why", "")) for e in stats["nodes"]}
+    assert precision["Add@0"][0] == precision["Sub@1"][0] == "fp32"
+    assert precision["Add@0"][1].startswith("measured sensitivity")
+    assert precision["Mul@2"][0] == precision["Add@3"][0] == "fp16"
+    search = stats["search"]
+    assert search["history"][0][0] == 0 and search["history"][0][1] > 1e-2  # all fp16 fails
+    assert search["fp32_by_search"] == 2 and search["within_budget"] and search["error"] <= 1e-2
+    x = np.linspace(-1, 1, 64).astype(np.float32)
+    got, want = run_onnxruntime(to_onnx(model), {"x": x})["y"], run_onnxruntime(proto, {"x": x})["y"]
+    assert np.abs(got - want).max() / np.abs(want).max() <= 1e-2
+
+
+def test_calibration_folder(tmp_path):
+    model = from_onnx(cancellation_model())
+    with pytest.raises(UserError, match="no .npz files"):
+        calibration_inputs(model, str(tmp_path))
+    np.savez(tmp_path / "a.npz", z=np.zeros(64, np.float32))
+    with pytest.raises(UserError, match=r"lacks inputs \['x'\]"):
+        calibration_inputs(model, str(tmp_path))
+    (tmp_path / "a.npz").unlink()
+    for k in range(3):
+        np.savez(tmp_path / f"{k}.npz", x=np.full(64, k, np.float32))
+    feeds = calibration_inputs(model, str(tmp_path))
+    assert [float(f["x"][0]) for f in feeds] == [0.0, 1.0, 2.0]
