@@ -188,7 +188,10 @@ def conv_layout_pass():
     import_tvm()
     from tvm import relax
 
-    return relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})
+    # NOTE: conv2d_transpose pinned to NCHW: layout inference would otherwise carry NHWC into it,
+    # and TVM 0.27 cannot legalize an NHWC conv2d_transpose (PP-OCR det's upsampling).
+    return relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"],
+                                          "relax.nn.conv2d_transpose": ["NCHW", "IOHW"]})
 
 
 __all__ = ["ROW_TILES", "ScheduleCpuKernels", "conv_layout_pass"]

@@ -57,14 +57,21 @@ def tvm_target(target: TargetProfile):
     """The ``tvm.target.Target`` for a passctl target profile: ``llvm`` for cpu, ``cuda`` for GPUs.
 
     Raises:
-        UserError: a GPU profile on a machine without ``nvcc`` (TVM compiles CUDA kernels with it;
-            install the CUDA toolkit or put ``nvcc`` on PATH), or apache-tvm is missing.
+        UserError: a GPU profile on a machine with neither NVRTC (``cuda.bindings``, TVM 0.27's
+            default CUDA compiler) nor ``nvcc`` on PATH (install ``cuda-python`` or the CUDA
+            toolkit), or apache-tvm is missing.
     """
+    import importlib.util
+
     tvm = import_tvm()
     if not target.is_gpu:
         return tvm.target.Target(host_cpu_target())
-    if shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"):
+    try:
+        has_nvrtc = importlib.util.find_spec("cuda.bindings") is not None
+    except ModuleNotFoundError:
+        has_nvrtc = False
+    if not has_nvrtc and shutil.which("nvcc") is None:
         raise UserError(f"target '{target.name}' ({target.sm}): TVM compiles CUDA kernels with "
-                        "nvcc, which is not on PATH; install the CUDA toolkit or build on a machine "
-                        "that has it")
+                        "NVRTC (Python package cuda-python) or nvcc, and this machine has neither; "
+                        "pip install cuda-python or put the CUDA toolkit's nvcc on PATH")
     return tvm.target.Target(cuda_target(target))

@@ -63,4 +63,8 @@ def test_tvm_artifact_matches_onnxruntime_artifact(model_id, tmp_path):
     for name in want:
         assert got[name].shape == want[name].shape, name
         assert np.isfinite(got[name]).all(), name
-        assert rel_err(got[name], want[name]) < 1e-4, (name, rel_err(got[name], want[name]))
+        # 1e-4 relative, plus an absolute 1e-6 for probability maps that are ~0 everywhere on
+        # random inputs (PP-OCRv4 det's sigmoid output is ~1e-11, where ORT gives exact 0).
+        diff = float(np.max(np.abs(got[name].astype(np.float64) - want[name])))
+        assert diff <= 1e-4 * float(np.max(np.abs(want[name]))) + 1e-6, \
+            (name, diff, rel_err(got[name], want[name]))
