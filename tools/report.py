@@ -57,6 +57,16 @@ def _fmt_err(x) -> str:
     return "n/a" if x is None else f"{float(x):.3g}"
 
 
+def _short(value: Any) -> str:
+    """A statistic for the terminal table: lists and dicts (per-node reports such as amp's ``nodes``)
+    are summarized by their size; report.json keeps them whole."""
+    if isinstance(value, list):
+        return f"[{len(value)} entries]"
+    if isinstance(value, dict):
+        return f"{{{len(value)} keys}}"
+    return str(value)
+
+
 def print_summary(console, report: Dict[str, Any]) -> None:
     """Print the short terminal summary of a compile run with rich.
 
@@ -71,7 +81,7 @@ def print_summary(console, report: Dict[str, Any]) -> None:
     table.add_column("ms", justify="right")
     table.add_column("what it did")
     for p in fired:
-        stats = ", ".join(f"{k}={v}" for k, v in p["stats"].items() if v) or "modified"
+        stats = ", ".join(f"{k}={_short(v)}" for k, v in p["stats"].items() if v) or "modified"
         table.add_row(p["name"], f"{p['time_ms']:.1f}", stats)
     if fired:
         console.print(table)
