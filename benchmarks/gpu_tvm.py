@@ -1,0 +1,237 @@
+"""BERT-base on one GPU: TVM's default pipeline on the raw ONNX export vs passctl (cleanup,fuse) -> TVM,
+next to torch eager and sdpa attention; batch 8, seq 128 fp32 and seq 512 fp16.
+
+Run on the H200 machine (see ../shared/GPU.md: TVM from /tmp/tvmsite):
+
+    export PYTHONPATH=/tmp/tvmsite:$PWD && python3 benchmarks/gpu_tvm.py
+
+The script exports BERT-base itself (transformers ``BertModel(BertConfig())``, random weights plus
+N(0, 0.02) noise so no norm is the identity, legacy ONNX exporter, opset 17, static shapes), so no
+file travels. Each variant runs in its own try/except and prints its error instead of stopping the
+run. Timing: CUDA events around ``--runs`` calls after ``--warmup`` calls (TVM calls end with a device
+sync before the end event); the median of ``--repeats`` such windows, in ms per call. Numerics: max
+relative error (max |a - b| / max |ref|) of last_hidden_state against torch eager fp32. The table comes
+last; ratios are against TVM's default pipeline (higher = faster than it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _import_passctl():
+    """Make ``import passctl`` work from a checkout (the package root is the repository folder)."""
+    try:
+        import passctl  # noqa: F401
+        return
+    except ImportError:
+        pass
+    shim = tempfile.mkdtemp(prefix="passctl-shim-")
+    os.symlink(REPO, os.path.join(shim, "passctl"))
+    sys.path.insert(0, shim)
+    import passctl  # noqa: F401
+
+
+def export_bert(path: str, batch: int, seq: int, fp16: bool, device) -> object:
+    """Export BERT-base to ``path``; returns the torch model (eager attention) for the baselines."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(), add_pooling_layer=False).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    model = model.to(device)
+    if fp16:
+        model = model.half()
+    ids = torch.randint(0, 30522, (batch, seq), device=device)
+    mask = torch.ones(batch, seq, dtype=torch.int64, device=device)
+    types = torch.zeros(batch, seq, dtype=torch.int64, device=device)
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        torch.onnx.export(model, (ids, mask, types), path, input_names=[
+            "input_ids", "attention_mask", "token_type_ids"], output_names=["last_hidden_state"],
+            opset_version=17, dynamo=False, do_constant_folding=True)
+    return model
+
+
+def cuda_time(fn, sync, runs: int, warmup: int, repeats: int) -> float:
+    """Median over ``repeats`` of (CUDA-event ms of ``runs`` calls) / runs."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    sync()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(runs):
+            fn()
+        sync()
+        end.record()
+        end.synchronize()
+        per.append(start.elapsed_time(end) / runs)
+    return statistics.median(per)
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+
+
+def tvm_default(onnx_path, feeds, arch):
+    """TVM 0.27's ONNX frontend + ``tvm.compile`` default pipeline (DLight on CUDA) on the raw export."""
+    import onnx
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    proto = onnx.load(onnx_path)
+    t0 = time.perf_counter()
+    mod = from_onnx(proto, shape_dict={k: list(v.shape) for k, v in feeds.items()},
+                    dtype_dict={k: str(v.dtype) for k, v in feeds.items()})
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    ex = tvm.compile(mod, target=target)
+    compile_s = time.perf_counter() - t0
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(feeds[i.name], dev) for i in proto.graph.input
+            if i.name in feeds]
+
+    def call():
+        return vm["main"](*args)
+
+    out = call()
+    out = out[0] if not hasattr(out, "numpy") else out
+    return call, dev.sync, out.numpy(), compile_s
+
+
+def tvm_passctl(onnx_path, feeds, profile):
+    """passctl ``cleanup,fuse`` (TVM form) + ``lower-tvm`` -> the TVM emitter for ``profile``."""
+    from passctl.ir import load
+    from passctl.passes.manager import PassManager
+    from passctl.passes.pipeline_text import build_pipeline
+    from passctl.targets import get_target
+    from passctl.targets.tvm import TvmEmitter, load_artifact
+
+    t0 = time.perf_counter()
+    model = load(onnx_path)
+    PassManager(build_pipeline("cleanup,fuse,lower-tvm", "tvm")).run(model)
+    out = tempfile.mkdtemp(prefix="passctl-tvm-") + "/artifact"
+    TvmEmitter().emit(model, get_target(profile), out)
+    compile_s = time.perf_counter() - t0
+    art = load_artifact(out)
+    args = art._args(feeds)
+
+    def call():
+        return art.vm["main"](*args)
+
+    result = art.run(feeds)
+    return call, art.device.sync, next(iter(result.values())), compile_s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", default="h200", help="passctl target profile (sm from it)")
+    parser.add_argument("--configs", default="128:fp32,512:fp16")
+    args = parser.parse_args()
+
+    import torch
+
+    _import_passctl()
+    from passctl.targets import get_target
+
+    profile = get_target(args.profile)
+    card = torch.cuda.get_device_name(0)
+    cap = torch.cuda.get_device_capability(0)
+    arch = f"sm_{cap[0]}{cap[1]}"
+    try:
+        import tvm
+        tvm_info = f"tvm {tvm.__version__}, cuda enabled: {tvm.runtime.enabled('cuda')}"
+    except Exception as e:  # noqa: BLE001
+        tvm_info = f"tvm missing: {e}"
+    print(f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; card {card} "
+          f"({arch}); passctl profile {profile.name} ({profile.sm}); torch {torch.__version__}; "
+          f"{tvm_info}", flush=True)
+    rows = []
+    device = torch.device("cuda")
+    for config in args.configs.split(","):
+        seq_text, dtype = config.split(":")
+        seq, fp16, batch = int(seq_text), dtype == "fp16", 8
+        label = f"b{batch} s{seq} {dtype}"
+        work = tempfile.mkdtemp(prefix="bert-")
+        path = os.path.join(work, "bert.onnx")
+        try:
+            model = export_bert(path, batch, seq, fp16, device)
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            rows.append((label, "export", float("nan"), float("nan"), float("nan"), f"{e}"[:80]))
+            continue
+        rng = np.random.default_rng(0)
+        feeds = {"input_ids": rng.integers(0, 30522, (batch, seq)).astype(np.int64),
+                 "attention_mask": np.ones((batch, seq), np.int64),
+                 "token_type_ids": np.zeros((batch, seq), np.int64)}
+        tfeeds = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
+        with torch.no_grad():
+            model.config._attn_implementation = "eager"
+            ref32 = model.float()(**tfeeds).last_hidden_state.float().cpu().numpy()
+            if fp16:
+                model = model.half()
+        results = {}
+        for name in ("torch eager", "torch sdpa", "tvm default", "passctl -> tvm"):
+            try:
+                if name.startswith("torch"):
+                    model.config._attn_implementation = "sdpa" if "sdpa" in name else "eager"
+
+                    def call(m=model):
+                        with torch.no_grad():
+                            return m(**tfeeds).last_hidden_state
+                    out, sync, compile_s = call().float().cpu().numpy(), torch.cuda.synchronize, 0.0
+                elif name == "tvm default":
+                    call, sync, out, compile_s = tvm_default(path, feeds, arch)
+                else:
+                    call, sync, out, compile_s = tvm_passctl(path, feeds, args.profile)
+                ms = cuda_time(call, sync, args.runs, args.warmup, args.repeats)
+                results[name] = ms
+                rows.append((label, name, ms, rel(out, ref32), compile_s, ""))
+                print(f"{label} {name}: {ms:.3f} ms, rel err {rel(out, ref32):.2e}, "
+                      f"compile {compile_s:.1f} s", flush=True)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                msg = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+                rows.append((label, name, float("nan"), float("nan"), float("nan"), msg[:100]))
+                print(f"{label} {name}: FAILED {type(e).__name__}: {msg}", flush=True)
+    print()
+    print(f"| config | variant | ms / call | vs tvm default | rel err vs torch fp32 | compile s | note |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    base = {}
+    for label, name, ms, err, comp, note in rows:
+        if name == "tvm default":
+            base[label] = ms
+    for label, name, ms, err, comp, note in rows:
+        b = base.get(label, float("nan"))
+        ratio = b / ms if ms == ms and b == b else float("nan")
+        print(f"| {label} | {name} | {ms:.3f} | {ratio:.2f}x | {err:.1e} | {comp:.1f} | {note} |")
+    print(f"\n{card} ({arch}), {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
