@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from passctl.ir import Builder, Graph, Model, Node
 from passctl.passes.base import Pass, PassResult
@@ -49,28 +49,35 @@ class ReparamBranches(Pass):
 
     Merging (:mod:`passctl.passes.reparam.merge`; RepVGG, ACNet, DBB and MobileOne papers): each BN
     with its own epsilon, smaller kernels zero-padded to kxk at the offset their padding implies,
-    identity as a one-hot kernel, group-aware. Branches are not merged (the reason goes to the
-    ``unmerged`` statistic) when strides, dilations, groups or channel counts differ, when padding
-    does not line up, or when a branch intermediate has another consumer or is a graph output.
+    identity as a one-hot kernel, group-aware. Branches are not merged when strides, dilations,
+    groups or channel counts differ, when padding does not line up, or when a branch intermediate
+    has another consumer or is a graph output; the reason is logged (INFO), kept in
+    :attr:`unmerged` and shown by :func:`passctl.passes.reparam.explain_reparam`.
 
     Statistics: ``merged`` (multi-branch blocks), ``branches`` (branches they had), ``folded``
-    (single-branch folds), ``unmerged`` (``{root node name: reason}``).
+    (single-branch folds), ``unmerged`` (Add trees left as they were).
+
+    Attributes:
+        unmerged: after :meth:`run`, ``{root node name: reason}`` of the Add trees not merged.
+        merged: after :meth:`run`, ``(root node name, branch count, merged kernel)`` per rewrite
+            (branch count 1 for a single-branch fold).
     """
 
     name = "reparam-branches"
     summary = "Merge parallel / sequential conv branches (RepVGG, ACNet, DBB, MobileOne) into one Conv"
 
     def run(self, model: Model) -> PassResult:
-        stats: Dict[str, object] = {"merged": 0, "branches": 0, "folded": 0}
-        unmerged: Dict[str, str] = {}
+        stats: Dict[str, int] = {"merged": 0, "branches": 0, "folded": 0}
+        self.unmerged: Dict[str, str] = {}
+        self.merged: List[Tuple[str, int, str]] = []
         for graph in _graphs(model):
-            self._run_graph(graph, stats, unmerged)
-        if unmerged:
-            stats["unmerged"] = unmerged
+            self._run_graph(graph, stats, self.unmerged)
+        if self.unmerged:
+            stats["unmerged"] = len(self.unmerged)
         modified = bool(stats["merged"] or stats["folded"])
         return PassResult(modified, stats)
 
-    def _run_graph(self, graph: Graph, stats: Dict[str, object], unmerged: Dict[str, str]) -> None:
+    def _run_graph(self, graph: Graph, stats: Dict[str, int], unmerged: Dict[str, str]) -> None:
         queue = deque(n for n in graph if is_candidate(n) and not _absorbed(n))
         done = set()
         while queue:
@@ -99,6 +106,7 @@ class ReparamBranches(Pass):
             kernel = form.terms[0].kernel
             if kernel is None or kernel.convs == 0 or len(form.nodes) < 2:
                 continue
+            self.merged.append((root.name or root.outputs[0].name, form.adds + 1, kernel.describe()))
             self._rewrite(graph, root, form)
             if form.adds:
                 stats["merged"] += 1

@@ -22,9 +22,12 @@ ModelIn = Union[str, onnx.ModelProto]
 
 def run_reparam(model: ModelIn, pipeline: str = "cleanup,reparam") -> Tuple[onnx.ModelProto, ManagerResult]:
     """Import ``model``, run ``pipeline`` through the PassManager (verify-each is on in these tests),
-    export; returns the exported proto (checked by onnx.checker) and the manager's result."""
+    export; returns the exported proto (checked by onnx.checker) and the manager's result, whose
+    ``reparam_pass`` attribute is the reparam-branches pass object (its ``unmerged`` reasons)."""
     ir_model = load(model) if isinstance(model, str) else from_onnx(model)
-    result = PassManager(build_pipeline(pipeline)).run(ir_model)
+    passes = build_pipeline(pipeline)
+    result = PassManager(passes).run(ir_model)
+    result.reparam_pass = next((p for p in passes if p.name == "reparam-branches"), None)
     out = to_onnx(ir_model)
     onnx.checker.check_model(out)
     return out, result

@@ -8,7 +8,9 @@ import onnx
 import onnx.numpy_helper
 from reparam_helpers import max_rel, op_counts, parsed_with_weights, reparam_stats, run_reparam
 
+from passctl.ir import from_onnx, to_onnx
 from passctl.passes.registry import expand_alias
+from passctl.passes.reparam import explain_reparam
 
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
 BN = "float[{c}] s{i}, float[{c}] b{i}, float[{c}] m{i}, float[{c}] var{i}"
@@ -45,6 +47,9 @@ def test_repvgg_grouped_block_with_bn_identity_exact_kernel():
     out, result = run_reparam(proto)
     assert op_counts(out) == {"Conv": 1, "Relu": 1}
     assert reparam_stats(result) == {"merged": 1, "branches": 3, "folded": 0}
+    text = explain_reparam(from_onnx(proto))
+    assert "1 block(s) merged" in text and "(3 branches) -> one Conv, 3x3 kernel" in text
+    assert "group 2" in text
     inits = _inits(proto)
     (s3, t3), (s1, t1), (s0, t0) = _fold(inits, 3, 1e-3), _fold(inits, 1, 1e-2), _fold(inits, 0)
     expected = inits["w3"] * s3[:, None, None, None]
@@ -101,9 +106,14 @@ def test_single_branch_conv_bn_mul_fold():
 def _assert_unmerged(proto, reason_part, convs_after):
     out, result = run_reparam(proto)
     stats = reparam_stats(result)
-    assert stats["merged"] == 0
-    (reason,) = stats["unmerged"].values()
+    assert stats["merged"] == 0 and stats["unmerged"] == 1
+    (reason,) = result.reparam_pass.unmerged.values()
     assert reason_part in reason, reason
+    # explain_reparam tells the same, without changing the model.
+    model = from_onnx(proto)
+    text = explain_reparam(model)
+    assert "0 block(s) merged" in text and reason in text
+    assert op_counts(to_onnx(model)) == op_counts(proto)
     counts = op_counts(out)
     assert counts["Add"] == 1 and counts["Conv"] == convs_after
     assert counts["BatchNormalization"] == 0  # each branch's own Conv + BN still folds
