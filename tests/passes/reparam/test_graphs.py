@@ -239,3 +239,49 @@ def test_reparam_alias_runs_before_fuse_on_repvgg():
     assert names.index("reparam-branches") < names.index("fuse-conv-bn")
     assert op_counts(out)["BatchNormalization"] == 0
     assert max_rel(path, out) <= 1e-4
+
+
+def test_bn_before_unpadded_conv_folds_into_its_input_side():
+    """BN -> Conv 1x1 (no padding): W'[o, c] = W[o, c] * s[c], b' = b + sum_c W[o, c] * t[c]."""
+    proto = parsed_with_weights(HEADER + f"""
+        g (float[1,4,6,6] x, float[8,4,1,1] w, float[8] wb, {_bn_inputs(4, 1)}) => (float[1,8,6,6] y) {{
+            n = BatchNormalization (x, s1, b1, m1, var1)
+            y = Conv (n, w, wb)
+        }}""")
+    out, result = run_reparam(proto)
+    assert op_counts(out) == {"Conv": 1}
+    assert reparam_stats(result)["folded"] == 1
+    inits, got = _inits(proto), _inits(out)
+    s, t = _fold(inits, 1)
+    conv = out.graph.node[0]
+    np.testing.assert_allclose(got[conv.input[1]], inits["w"] * s[None, :, None, None], rtol=1e-6)
+    np.testing.assert_allclose(got[conv.input[2]], inits["wb"] + inits["w"][:, :, 0, 0] @ t, rtol=1e-6)
+    assert max_rel(proto, out) <= 1e-5
+
+
+def test_bn_before_padded_conv_stays():
+    """BN -> Conv 3x3 with padding: the padded border would see BN(0) = t, not 0; nothing folds."""
+    proto = parsed_with_weights(HEADER + f"""
+        g (float[1,4,6,6] x, float[8,4,3,3] w, {_bn_inputs(4, 1)}) => (float[1,8,6,6] y) {{
+            n = BatchNormalization (x, s1, b1, m1, var1)
+            y = Conv <pads = [1,1,1,1]> (n, w)
+        }}""")
+    out, result = run_reparam(proto)
+    assert op_counts(out) == {"BatchNormalization": 1, "Conv": 1}
+    assert not next(r for r in result.records if r.name == "reparam-branches").modified
+    assert max_rel(proto, out) == 0.0
+
+
+def test_explicit_pad_before_conv_becomes_conv_padding():
+    """Pad(0) -> Conv (pads 0) is one Conv with the Pad's (asymmetric) padding."""
+    proto = parsed_with_weights(HEADER + """
+        g (float[1,4,6,6] x, float[8,4,3,3] w) => (float[1,8,7,5] y) {
+            pads = Constant <value = int64[8] {0,0,2,0,0,0,1,1}> ()
+            p = Pad (x, pads)
+            y = Conv (p, w)
+        }""")
+    out, result = run_reparam(proto)
+    assert op_counts(out) == {"Conv": 1}
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in out.graph.node[0].attribute}
+    assert attrs["pads"] == [2, 0, 1, 1]
+    assert max_rel(proto, out) <= 1e-6
