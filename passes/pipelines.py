@@ -107,6 +107,12 @@ FUSE_ONNXRUNTIME_GPU: List[str] = [n for n in FUSE_ONNXRUNTIME if n != "fuse-con
 FLASH_ATTN_ONNXRUNTIME: List[str] = [
     # NOTE: infer-shapes first: the attention guard needs ranks, the static head count and head size.
     "infer-shapes",
+    # NOTE: eliminate-identity and fold-constants before the fusion: eager attention exported by the
+    # legacy exporter keeps no-op Casts around Softmax (softmax(dtype=float32).to(float32)), and its
+    # sdpa export computes the scale at run time (1 / Sqrt(Cast(Shape(q)[-1]))), a constant only once
+    # folded.
+    "eliminate-identity",
+    "fold-constants",
     "fuse-attention",
     "lower-onnxruntime",
     # NOTE: dce last: the rewrite leaves the K^T transposes, repeat_kv expansions and head-split
@@ -116,6 +122,8 @@ FLASH_ATTN_ONNXRUNTIME: List[str] = [
 
 FLASH_ATTN_TVM: List[str] = [
     "infer-shapes",
+    "eliminate-identity",
+    "fold-constants",
     # NOTE: no lowering: the TVM emitter translates passctl::Attention to Relax's nn.attention
     # (passes/attention/tvm_relax.py), which TVM offloads to flash-style kernels on CUDA.
     "fuse-attention",
@@ -124,6 +132,8 @@ FLASH_ATTN_TVM: List[str] = [
 
 FLASH_ATTN_STANDARD: List[str] = [
     "infer-shapes",
+    "eliminate-identity",
+    "fold-constants",
     "fuse-attention",
     # NOTE: lower-standard gives ONNX Attention-23 (TensorRT's parser maps it to its fused attention)
     # when the model's opset is >= 23, else the decomposed form (no kernel to substitute).

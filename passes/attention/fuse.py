@@ -24,8 +24,8 @@ _THROUGH = {"Where", "IsNaN", "Cast"}
 class FuseAttention(RuleSet):
     """Replace scaled dot-product attention subgraphs by one ``passctl::Attention`` each.
 
-    Rules: ``pattern_1`` ... ``pattern_54`` (:mod:`passctl.passes.attention.patterns`: 6 ways to
-    write the scale x 3 mask forms x 3 softmax forms), rooted at the MatMul with V and all checked by
+    Rules: ``pattern_1`` ... ``pattern_72`` (:mod:`passctl.passes.attention.patterns`: 6 ways to
+    write the scale x 3 mask forms x 4 softmax forms), rooted at the MatMul with V and all checked by
     one guard (:mod:`passctl.passes.attention.guard`). Run ``infer-shapes`` first: the guard needs
     ranks, the static head count and head size.
 

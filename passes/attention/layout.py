@@ -82,6 +82,15 @@ def shape_tokens(v: Optional[Value], depth: int = 0) -> Optional[List[Token]]:
         return out
     if op in ("Cast", "Unsqueeze", "Squeeze", "Identity"):
         return shape_tokens(n.inputs[0], depth + 1)
+    if op == "Mul":
+        a, b = shape_tokens(n.inputs[0], depth + 1), shape_tokens(n.inputs[1], depth + 1)
+        if a is None or b is None or len(a) != 1 or len(b) != 1:
+            return None
+        if isinstance(a[0], int) and isinstance(b[0], int):
+            return [a[0] * b[0]]
+        if isinstance(b[0], int):
+            return [("mul", a[0], b[0])]
+        return [("mul", b[0], a[0])] if isinstance(a[0], int) else None
     if op == "Gather":
         data, idx = shape_tokens(n.inputs[0], depth + 1), constant_value(n.inputs[1])
         if data is None or idx is None or n.attr("axis", 0) != 0:
@@ -171,7 +180,24 @@ def gqa_source(v: Value) -> Optional[Tuple[Value, int]]:
     kv_dims, ex, target = dims(kv), shape_tokens(e.inputs[1]), reshape_target(n)
     if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] != [2] or kv_dims is None:
         return None
-    if len(kv_dims) != 4 or ex is None or len(ex) != 5 or target is None or len(target) != 4:
+    if len(kv_dims) != 4 or target is None or len(target) != 4:
+        return None
+    if ex is None:
+        # NOTE: the legacy exporter writes Expand's shape through Where(Equal(shape, -1), 1, shape);
+        # the Reshape target [B, Hkv * n_rep, T, D] then gives n_rep. Expand only grows size-1 axes and
+        # the target keeps B, T, D, so the growth by n_rep is the unsqueezed axis.
+        t1 = target[1]
+        if isinstance(t1, tuple) and t1[0] == "mul" and same_dim(t1[1], kv_dims[1]):
+            rep = t1[2]
+        elif isinstance(t1, int) and isinstance(kv_dims[1], int) and t1 % kv_dims[1] == 0:
+            rep = t1 // kv_dims[1]
+        else:
+            return None
+        if not (_maybe_same(target[0], kv_dims[0]) and _maybe_same(target[2], kv_dims[2])
+                and same_dim(target[3], kv_dims[3])):
+            return None
+        return (kv, rep) if rep >= 1 else None
+    if len(ex) != 5:
         return None
     rep = ex[2]
     if not isinstance(rep, int) or rep < 1:

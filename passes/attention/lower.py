@@ -46,7 +46,15 @@ def repeat_kv(ctx: LowerContext, x: Value, n_rep: int, heads: int, head_size: Op
     if n_rep == 1:
         return x
     e = ctx.b.op("Expand", _unsqueeze(ctx, x, [2]), _i64(ctx, [1, 1, n_rep, 1, 1], "attn_rep"))
-    return ctx.b.op("Reshape", e, _i64(ctx, [0, heads, -1, head_size or -1], "attn_rep_shape"))
+    if head_size is None:
+        head_size = dims(x)[3] if dims(x) is not None and isinstance(dims(x)[3], int) else None
+    if head_size is not None:
+        return ctx.b.op("Reshape", e, _i64(ctx, [0, heads, -1, head_size], "attn_rep_shape"))
+    shape = ctx.b.op("Shape", x)
+    first = ctx.b.op("Slice", shape, _i64(ctx, [0], "attn_0"), _i64(ctx, [1], "attn_1"))
+    last = ctx.b.op("Slice", shape, _i64(ctx, [2], "attn_2"), _i64(ctx, [4], "attn_4"))
+    target = ctx.b.op("Concat", first, _i64(ctx, [heads], "attn_heads"), last, axis=0)
+    return ctx.b.op("Reshape", e, target)
 
 
 def _nan_to_zero(ctx: LowerContext, y: Value) -> Value:
@@ -156,8 +164,11 @@ def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     ins = [q3, k3, v3, None, None, bias]
     while ins[-1] is None:
         ins.pop()
+    # NOTE: unidirectional only without a mask: with one, the flag is a hint (the mask holds the
+    # causal part), and ONNX Runtime 1.32's CPU MultiHeadAttention with both gave wrong values for
+    # left-padded rows (measured on the GPT-2 and LLaMA exports).
     y = b.op("MultiHeadAttention", *ins, domain=MS_DOMAIN, num_heads=heads, scale=scale,
-             unidirectional=causal if causal else None)
+             unidirectional=1 if causal and bias is None else None)
     if nan_zero:
         y = _nan_to_zero(ctx, y)
     ctx.form = f"{OP_TYPE}->com.microsoft::MultiHeadAttention" + (" (kv repeated)" if n_rep > 1 else "")

@@ -33,6 +33,8 @@ SOFTMAX_FORMS = {
     "softmax": "Softmax(scores)",
     "nanguard": "Where(IsNaN(p), 0, p) after Softmax (transformers 5, torch's sdpa export)",
     "fp32": "Cast(Softmax(Cast(scores, float32)), T) (fp16/bf16 models)",
+    "castout": "Cast(Softmax(scores), T) with T the scores' type (eager softmax(dtype=float32).to() "
+               "in a float32 model, legacy exporter)",
 }
 
 
@@ -74,6 +76,8 @@ class AttentionPattern(RewriteRule):
             scores = op.Where(mask, scores, fill)
         if self.softmax_form == "fp32":
             probs = op.Cast(op.Softmax(op.Cast(scores)))
+        elif self.softmax_form == "castout":
+            probs = op.Cast(op.Softmax(scores))
         elif self.softmax_form == "nanguard":
             sm = op.Softmax(scores)
             probs = op.Where(op.IsNaN(sm), 0.0, sm)
@@ -100,6 +104,12 @@ class AttentionPattern(RewriteRule):
             if inner.attr("to") != 1 or b["q"].dtype is None or outer.attr("to") != int(b["q"].dtype):
                 return MatchResult().fail("the Casts around Softmax are not float32 and back to Q's "
                                           "element type", softmax)
+        if self.softmax_form == "castout":
+            outer = next(n for n in context.nodes if n.op_type == "Cast")
+            dtype = softmax.inputs[0].dtype
+            if dtype is None or outer.attr("to") != int(dtype) or b["q"].dtype != dtype:
+                return MatchResult().fail("the Cast after Softmax changes the element type (not the "
+                                          "no-op cast of a float32 model)", softmax)
         cand = guard.Candidate(b["q"], b["kt"], b["v"], self._factors(b), softmax,
                                context.root.outputs[0], mask=b.get("mask"),
                                mask_form="none" if self.mask_form == "nomask" else self.mask_form,
@@ -144,7 +154,7 @@ def _make_family() -> List[Type[AttentionPattern]]:
 
 
 PATTERNS: List[Type[AttentionPattern]] = _make_family()
-"""pattern_1 ... pattern_54, in the order the pass tries them."""
+"""pattern_1 ... pattern_72, in the order the pass tries them."""
 
 globals().update({cls.__name__: cls for cls in PATTERNS})
 
