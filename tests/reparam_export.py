@@ -1,4 +1,4 @@
-"""Cached ONNX exports of timm's RepVGG / MobileOne in training-time (multi-branch) and reparameterized form."""
+"""Cached ONNX exports of timm RepVGG / MobileOne, training-time (multi-branch) and reparameterized."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``explain_reparam``: which conv branch blocks reparam-branches merges in a model, and why not the others."""
+"""``explain_reparam``: which conv branch blocks reparam-branches merges, and why not the others."""
 
 from __future__ import annotations
 

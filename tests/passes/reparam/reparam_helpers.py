@@ -56,26 +56,28 @@ def max_rel(reference: ModelIn, candidate: ModelIn, seed: int = 0) -> float:
 
 
 def export_block(module, path: Path, shape=(1, 8, 12, 12), seed: int = 0) -> str:
-    """Export a torch block (eval mode, BN statistics randomized) with BatchNormalization kept."""
+    """Export a torch block (eval mode; BN statistics, affine parameters and epsilon randomized per
+    BN) with BatchNormalization kept, and check the exported BNs are in inference form."""
     import torch
 
     torch.manual_seed(seed)
+    bns = [m for m in module.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                c = m.num_features
-                m.weight.copy_(torch.rand(c) + 0.5)
-                m.bias.copy_(torch.randn(c) * 0.5)
-                m.running_mean.copy_(torch.randn(c) * 0.5)
-                m.running_var.copy_(torch.rand(c) * 1.5 + 0.5)
+        for i, m in enumerate(bns):
+            m.eps = (1e-5, 1e-3, 1e-2, 1e-4)[i % 4]  # each BN its own epsilon
+            c = m.num_features
+            m.weight.copy_(torch.rand(c) + 0.5)
+            m.bias.copy_(torch.randn(c) * 0.5)
+            m.running_mean.copy_(torch.randn(c) * 0.5)
+            m.running_var.copy_(torch.rand(c) * 1.5 + 0.5)
     module.eval()
     torch.onnx.export(module, (torch.randn(*shape),), str(path), dynamo=False, opset_version=17,
                       input_names=["x"], output_names=["y"],
                       training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False)
     proto = onnx.load(str(path))
-    bns = [n for n in proto.graph.node if n.op_type == "BatchNormalization"]
-    assert bns and all(len(n.output) == 1 for n in bns)  # inference form: one output, running stats
-    assert all(a.i == 0 for n in bns for a in n.attribute if a.name == "training_mode")
+    nodes = [n for n in proto.graph.node if n.op_type == "BatchNormalization"]
+    assert nodes and all(len(n.output) == 1 for n in nodes)  # inference form: one output
+    assert all(a.i == 0 for n in nodes for a in n.attribute if a.name == "training_mode")
     return str(path)
 
 

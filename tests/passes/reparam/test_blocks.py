@@ -14,7 +14,7 @@ nn, F = torch.nn, torch.nn.functional
 
 def _conv_bn(c_in, c_out, kernel, stride=1, padding=0, groups=1, dilation=1):
     return nn.Sequential(nn.Conv2d(c_in, c_out, kernel, stride, padding, dilation, groups, bias=False),
-                         nn.BatchNorm2d(c_out, eps=float(np.random.default_rng(c_out).uniform(1e-5, 1e-2))))
+                         nn.BatchNorm2d(c_out))  # epsilon set per BN by export_block
 
 
 class ACBlock(nn.Module):

@@ -1,4 +1,4 @@
-"""`reparam` on timm RepVGG-A0, RepVGG-B1g4 (grouped) and MobileOne-S0 vs ONNX Runtime and timm's own merge."""
+"""`reparam` on timm RepVGG-A0, RepVGG-B1g4 (grouped), MobileOne-S0 vs ONNX Runtime and timm's own merge."""
 
 from __future__ import annotations
 
