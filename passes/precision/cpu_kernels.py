@@ -9,7 +9,7 @@ from typing import Tuple
 import onnx
 import onnx.helper
 
-from passctl.ir import DataType, Node
+from passctl.ir import Node
 from passctl.passes.common.constants import attr_to_proto
 from passctl.passes.precision.ops import COMPUTE_OPS
 

@@ -80,8 +80,11 @@ def layernorm_chains(graph: Graph) -> List[Node]:
 
     The chain (as exporters write ``torch.nn.LayerNorm`` / LLaMA's RMSNorm): ``mean = ReduceMean(x)``,
     ``d = Sub(x, mean)`` (LayerNorm only), ``Pow(d, 2)`` (or ``Mul(d, d)``), ``var = ReduceMean(.)``,
-    ``Add(var, epsilon)``, ``Sqrt``, then ``Reciprocal`` or the ``Div`` by the root. In fp16, ``d**2``
-    overflows once ``|d| > 256`` (65504 ** 0.5), so the whole chain stays float32.
+    ``Add(var, epsilon)``, ``Sqrt``, then ``Reciprocal`` (and the ``Mul`` by it) or the ``Div`` by the
+    root, then the affine ``Mul(gamma)`` / ``Add(beta)`` with constant operands. In fp16, ``d**2``
+    overflows once ``|d| > 256`` (65504 ** 0.5), so the chain stays float32; the normalizing and
+    affine nodes join it so no Cast splits the norm: ONNX Runtime's LayerNormFusion otherwise fuses
+    across a Cast into a LayerNormalization with mixed input types, which then fails to load.
     """
     found: Dict[Node, None] = {}
     for node in graph:
@@ -106,7 +109,26 @@ def layernorm_chains(graph: Graph) -> List[Node]:
                     if nxt.op_type == "Div" and nxt.inputs[1] is not n.outputs[0]:
                         continue  # the root must be the divisor
                     frontier.append(nxt)
+    for n in list(found):
+        if n.op_type == "Div":
+            _affine_tail(n, found)
+        elif n.op_type == "Reciprocal":
+            for mul in _consumers(n.outputs[0], ["Mul"]):
+                found[mul] = None
+                _affine_tail(mul, found)
     return list(found)
+
+
+def _affine_tail(node: Node, found: Dict[Node, None]) -> None:
+    """Add the ``Mul(., gamma)`` then ``Add(., beta)`` (constant operands, each optional) after the
+    normalizing node, so the whole norm is one float32 region without a Cast inside it."""
+    for op_type in ("Mul", "Add"):
+        nxt = [c for c in _consumers(node.outputs[0], [op_type])
+               if any(constant_array(v) is not None for v in c.inputs if v is not node.outputs[0])]
+        if len(node.outputs[0].consumers()) != 1 or len(nxt) != 1:
+            return
+        node = nxt[0]
+        found[node] = None
 
 
 def _reduced_count(node: Node) -> Optional[int]:

@@ -48,10 +48,11 @@ def minilm_feeds(texts: List[str], batch: int = 50) -> List[Dict[str, np.ndarray
     return feeds
 
 
-def session(model) -> ort.InferenceSession:
-    """A CPU session (graph optimizations off) of a path or ModelProto."""
+def session(model, optimize: bool = False) -> ort.InferenceSession:
+    """A CPU session of a path or ModelProto (graph optimizations off unless ``optimize``)."""
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     options.log_severity_level = 3
     data = model if isinstance(model, str) else model.SerializeToString()
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])

@@ -7,7 +7,7 @@ import onnx
 import onnx.numpy_helper
 import onnx.parser
 
-from passctl.ir import DataType, from_onnx, to_onnx
+from passctl.ir import from_onnx, to_onnx
 from passctl.passes.common import InferShapes
 from passctl.passes.manager import PassManager
 from passctl.passes.pipeline_text import build_pipeline

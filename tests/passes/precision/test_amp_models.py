@@ -26,6 +26,15 @@ def _summary(stats) -> str:
             f"search {stats.get('search')}, measure {stats.get('measure_seconds')} s; fp32: {fp32}")
 
 
+def _same_with_ort_optimizations(candidate, feed, output: str, rtol: float):
+    """The emitted model also loads and runs with ORT_ENABLE_ALL (its fusions must accept the types)."""
+    from real_models import session
+
+    plain = session(candidate).run([output], feed)[0]
+    optimized = session(candidate, optimize=True).run([output], feed)[0]
+    assert np.abs(optimized - plain).max() <= rtol * np.abs(plain).max()
+
+
 def _every_fp32_node_says_why(stats):
     assert all(e.get("why") for e in stats["nodes"] if e["precision"] == "fp32")
     assert all("why" not in e for e in stats["nodes"] if e["precision"] != "fp32")
@@ -57,6 +66,7 @@ def test_minilm_fp16_sentence_embeddings(tmp_path):
     logger.info("MiniLM fp16 cosine: min %.7f mean %.7f", cosine.min(), cosine.mean())
     assert cosine.shape == (200,) and cosine.min() >= 0.9999
     assert not np.allclose(reference, got, rtol=0, atol=1e-7)  # it really ran in fp16
+    _same_with_ort_optimizations(candidate, feeds[0], "last_hidden_state", 1e-2)
 
 
 @pytest.mark.slow
@@ -76,6 +86,9 @@ def test_smollm2_perplexity_fp16_bf16():
         _every_fp32_node_says_why(stats)
         matmuls = [e for e in stats["nodes"] if e["op"] == "MatMul"]
         assert len(matmuls) >= 211 and sum(e["precision"] == dtype for e in matmuls) >= 200
+        window = ids[None, :128]
+        _same_with_ort_optimizations(candidate, {"input_ids": window,
+                                                 "attention_mask": np.ones_like(window)}, "logits", 0.1)
         low = perplexity(candidate, ids)
         logger.info("SmolLM2 perplexity fp32 %.4f, %s %.4f (%+.3f%%)", fp32, dtype, low,
                     100 * (low / fp32 - 1))

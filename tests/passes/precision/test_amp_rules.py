@@ -49,7 +49,7 @@ def test_layernorm_chain_found():
     InferShapes().run(model)
     graph = model.graph
     ops = sorted(n.op_type for n in layernorm_chains(graph))
-    assert ops == ["Add", "Div", "Pow", "ReduceMean", "ReduceMean", "Sqrt", "Sub"]
+    assert ops == ["Add", "Add", "Div", "Mul", "Pow", "ReduceMean", "ReduceMean", "Sqrt", "Sub"]
     reasons = rule_fp32_nodes(graph, DataType.FLOAT16)
     assert {n.op_type for n in reasons} == set(ops)
     assert all(r == "layernorm-statistics" for r in reasons.values())
@@ -72,7 +72,8 @@ def test_layernorm_input_800_stays_finite_in_fp16():
         matmul = next(e for e in stats["nodes"] if e["op"] == "MatMul")
         assert matmul["precision"] == "fp16"
         assert {e["op"] for e in stats["nodes"] if e.get("why") == "layernorm-statistics"} == {
-            "ReduceMean", "Sub", "Pow", "Add", "Sqrt", "Div"}
+            "ReduceMean", "Sub", "Pow", "Add", "Sqrt", "Div", "Mul"}
+        assert [e["op"] for e in stats["nodes"] if e["precision"] == "fp16"] == ["MatMul"]
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
