@@ -57,6 +57,22 @@ def repeat_kv(ctx: LowerContext, x: Value, n_rep: int, heads: int, head_size: Op
     return ctx.b.op("Reshape", e, target)
 
 
+def _rows_expanded(ctx: LowerContext, bias: Value, mask: Value, q: Value) -> Value:
+    """``bias`` as rank 4 whose query axis is Q's sequence length: ONNX Runtime's MultiHeadAttention
+    and Attention-23 kernels broadcast a mask over batch and heads only (a ``[B, 1, 1, T]`` padding
+    mask is expanded to ``[B, 1, S, T]``; a mask whose axis is provably S is left alone)."""
+    b = ctx.b
+    md = dims(mask) or []
+    if len(md) < 4:
+        bias = _unsqueeze(ctx, bias, list(range(4 - len(md))))
+    if len(md) < 2 or md[-2] != dims(q)[2] or md[-2] == 1:
+        seq = b.op("Shape", q, start=2, end=3) if ctx.opset >= 15 else b.op(
+            "Slice", b.op("Shape", q), _i64(ctx, [2], "attn_s"), _i64(ctx, [3], "attn_e"))
+        shape = b.op("Concat", _i64(ctx, [1, 1], "attn_11"), seq, _i64(ctx, [1], "attn_1"), axis=0)
+        bias = b.op("Expand", bias, shape)
+    return bias
+
+
 def _nan_to_zero(ctx: LowerContext, y: Value) -> Value:
     zero = ctx.const(np.array(0, dtype=_np_dtype(y)), "attn_zero")
     return ctx.b.op("Where", ctx.b.op("IsNaN", y), zero, y)
@@ -109,7 +125,8 @@ def attention23(ctx: LowerContext, node: Node) -> Optional[Value]:
     q, k, v = node.inputs[:3]
     mask = _mask(node)
     scale, kind, causal, _, _, precision, nan_zero = _attrs(node)
-    ins = [q, k, v] + ([mask] if mask is not None and kind != "none" else [])
+    ins = [q, k, v] + ([_rows_expanded(ctx, mask, mask, q)] if mask is not None and kind != "none"
+                       else [])
     y = ctx.b.op("Attention", *ins, scale=scale, is_causal=causal,
                  softmax_precision=1 if precision == 1 else None)
     ctx.form = f"{OP_TYPE}->Attention-23"
@@ -153,14 +170,7 @@ def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
         if kind == "boolean":
             bias = b.op("Where", mask, ctx.const(np.array(0, dtype=dtype), "attn_zero"),
                         ctx.const(np.array(-np.inf, dtype=dtype), "attn_neg_inf"))
-        md = dims(mask) or []
-        if len(md) < 4:
-            bias = _unsqueeze(ctx, bias, list(range(4 - len(md))))
-        if len(md) < 2 or md[-2] != dims(q)[2]:
-            seq = b.op("Shape", q, start=2, end=3) if ctx.opset >= 15 else b.op(
-                "Slice", b.op("Shape", q), _i64(ctx, [2], "attn_s"), _i64(ctx, [3], "attn_e"))
-            shape = b.op("Concat", _i64(ctx, [1, 1], "attn_11"), seq, _i64(ctx, [1], "attn_1"), axis=0)
-            bias = b.op("Expand", bias, shape)
+        bias = _rows_expanded(ctx, bias, mask, q)
     ins = [q3, k3, v3, None, None, bias]
     while ins[-1] is None:
         ins.pop()
