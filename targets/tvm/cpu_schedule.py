@@ -108,6 +108,27 @@ def _schedule_injective(sch, block, lanes: int) -> None:
         sch.parallel(loops[0])
 
 
+def _lowers(sch, target) -> bool:
+    """Whether the scheduled function survives TIR lowering up to vectorization (the passes of
+    ``s_tir.pipeline.default_s_tir_pipeline`` where an invalid schedule fails: buffer
+    compaction, flattening, vector legalization). A schedule that does not is dropped."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    passes = [s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerInitBlock(),
+              s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+              s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation(),
+              s_tir.transform.LowerMatchBuffer(), s_tir.transform.LowerOpaqueBlock(),
+              tirx.transform.FlattenBuffer(), tirx.transform.VectorizeLoop(True)]
+    try:
+        with target:
+            tvm.transform.Sequential(passes)(sch.mod)
+        return True
+    except Exception as e:  # TVM raises InternalError / TypeError for invalid schedules
+        logger.debug("schedule dropped, it does not lower: %s", str(e).splitlines()[-1:])
+        return False
+
+
 def _schedule_func(func, target):
     """Schedule one PrimFunc; returns the Schedule or None (then TVM's unscheduled form stays)."""
     from tvm import s_tir
@@ -142,7 +163,8 @@ def _schedule_func(func, target):
 def ScheduleCpuKernels(target):  # noqa: N802 (a TVM pass factory)
     """A module pass scheduling every PrimFunc of a Relax module for the ``llvm`` ``target``.
 
-    Rules, tried per kernel (a kernel whose rule fails keeps TVM's serial loop nest):
+    Rules, tried per kernel (a kernel whose rule fails, or whose schedule does not lower, keeps
+    TVM's serial loop nest):
       1. One reduction block with >= 2 spatial axes and a reduction of >= 8 (matmul, batched
          matmul, NHWC convolution after :func:`conv_layout_pass`): injective producers (padding,
          transposes) inlined; the last output axis split into a vector tile (2x or 1x the
@@ -163,10 +185,11 @@ def ScheduleCpuKernels(target):  # noqa: N802 (a TVM pass factory)
     class _Tiled(ScheduleRule):
         def apply(self, func, tgt, tunable):
             try:
-                return _schedule_func(func, tgt)
+                sch = _schedule_func(func, tgt)
             except Exception as e:  # a rule that cannot apply leaves the kernel unscheduled
-                logger.debug("cpu schedule skipped %s: %s", func.attrs, e)
+                logger.debug("cpu schedule skipped: %s", str(e).splitlines()[-1:])
                 return None
+            return sch if sch is not None and _lowers(sch, tgt) else None
 
     class _Guard(ScheduleRule):
         def __init__(self, rule):
@@ -174,10 +197,13 @@ def ScheduleCpuKernels(target):  # noqa: N802 (a TVM pass factory)
 
         def apply(self, func, tgt, tunable):
             try:
-                return self.rule.apply(func, tgt, tunable)
+                sch = self.rule.apply(func, tgt, tunable)
             except Exception as e:
-                logger.debug("dlight rule skipped: %s", e)
+                logger.debug("dlight rule skipped: %s", str(e).splitlines()[-1:])
                 return None
+            if isinstance(sch, list):
+                sch = sch[0] if len(sch) == 1 else None
+            return sch if sch is not None and _lowers(sch, tgt) else None
 
     return dl.ApplyDefaultSchedule(_Tiled(), _Guard(dl.cpu.Reduction()), _Guard(dl.cpu.GEMV()))
 
