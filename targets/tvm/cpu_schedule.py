@@ -66,15 +66,31 @@ def _tile_reduction(sch, block, lanes: int, epilogues: List) -> bool:
     local = sch.cache_write(block, 0, "local")
     from tvm.s_tir.dlight.base.common_schedules import try_inline
 
-    # Inline intermediate epilogue blocks into their consumers first (GELU reads its input twice:
-    # 0.5 * x * (1 + erf(x / sqrt 2))), then the last ones into the write-back block. An epilogue
-    # that does not map 1:1 onto the output raises here and the kernel stays unscheduled.
-    for ep in try_inline(sch, epilogues[:-1]) + epilogues[-1:]:
-        sch.reverse_compute_inline(ep)
+    # Epilogue (bias, activation, residual add): intermediate blocks inlined into their consumers
+    # (GELU reads its input twice: 0.5 * x * (1 + erf(x / sqrt 2))); each remaining one inlined
+    # into the write-back block when it reads only that block's output, else computed per tile
+    # right after the write-back (reverse_compute_at), in order.
+    remaining = try_inline(sch, epilogues[:-1]) + epilogues[-1:]
+    per_tile = []
+    for ep in remaining:
+        # NOTE: only into a producer that ep is the sole consumer of: TVM 0.27's
+        # reverse_compute_inline also rewrites a producer whose output other blocks still read,
+        # leaving them reading a buffer that no longer exists.
+        producers = sch.get_producers(ep)
+        if all(len(sch.get_consumers(p)) == 1 for p in producers):
+            try:
+                sch.reverse_compute_inline(ep)
+                continue
+            except Exception:  # reads another buffer too (a residual, a parameter region)
+                pass
+        per_tile.append(ep)
     sch.reverse_compute_at(local, fused, preserve_unit_loops=True)
-    wb_loops = sch.get_loops(local)
-    if vec > 1 and len(wb_loops) > 1:
-        sch.vectorize(wb_loops[-1])
+    for ep in per_tile:
+        sch.reverse_compute_at(ep, fused, preserve_unit_loops=True)
+    for b in [local] + per_tile:
+        b_loops = sch.get_loops(b)
+        if vec > 1 and len(b_loops) > 1 and _extent(sch, b_loops[-1]) == vec:
+            sch.vectorize(b_loops[-1])
     # NOTE: vectorize and unroll before decompose_reduction: after it, the update block has no
     # init and the vectorize primitive refuses it ("not a local reduction block").
     sch.unroll(i_i)
