@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Optional, Set
+from typing import Any, Dict, List, Literal, Optional, Sequence, Set
 
 from passctl.ir import DataType, Graph, Model, Node
 from passctl.ir.errors import UserError
@@ -16,8 +17,8 @@ from passctl.passes.precision.casts import WeightCache, apply_precision
 from passctl.passes.precision.cpu_kernels import needs_emulation
 from passctl.passes.precision.ops import convertible, float_inputs, has_float32, is_exact
 from passctl.passes.precision.rules import LOW_DTYPES, becomes_inf, finite_max, rule_fp32_nodes
-from passctl.passes.precision.sensitivity import (calibration_inputs, measure, output_error, run_model,
-                                                  search_fp32_set)
+from passctl.passes.precision.sensitivity import (calibration_inputs, group_estimates, measure,
+                                                  output_error, run_model, search_fp32_set)
 from passctl.passes.registry import register_pass
 from passctl.targets.profiles import TargetProfile, get_target
 
@@ -77,9 +78,12 @@ class MixedPrecision(Pass):
          seeded random feeds) give every float32 value's largest magnitude; a value that would be inf
          in the low type keeps its producer and consumers float32 (``overflow``). The same run gives
          each remaining node's sensitivity: its output error alone in low precision.
-      3. Search: nodes ranked by sensitivity (``max-rel`` ranks by local max relative error, the other
-         metrics by local mean relative error); galloping + bisection finds the fewest leading nodes
-         to keep float32 so that the model outputs meet ``budget`` under ``metric``.
+      3. Search: when the all-low model misses ``budget``, one run per op type (that type alone low)
+         turns the local errors into estimated model-output errors (``group_estimates``); nodes are
+         ranked by that estimate (a node's local error is first raised to the input-rounding error of
+         the candidates reading it, ``_propagate``); galloping + bisection over the ranking finds the
+         fewest leading nodes to keep float32 so that the model outputs meet ``budget`` under
+         ``metric`` (``search_fp32_set``).
       4. Exact ops (Reshape, Transpose, Gather, Concat, Where, Relu, ...) follow their producers:
          low when all their non-constant float inputs are low, so no Cast ping-pong appears around
          them.
@@ -195,23 +199,39 @@ class MixedPrecision(Pass):
         own = m.max_rel if o.metric == "max-rel" else m.mean_rel
         suffer = m.input_max_rel if o.metric == "max-rel" else m.input_mean_rel
         key = _propagate(nodes, set(candidates), own, suffer)
-        ranking = sorted(candidates, key=lambda i: (-key.get(i, 0.0), i))
         reference = run_model(model, feeds)
         cache: WeightCache = {}
 
-        def evaluate(k: int) -> float:
+        def evaluate_low(low_compute: Sequence[int]) -> float:
             trial = clone_model(model)
             trial_nodes = list(trial.graph)
-            low_idx = _follow(trial.graph, trial_nodes, set(ranking[k:]), why)
+            low_idx = _follow(trial.graph, trial_nodes, set(low_compute), why)
             opset = trial.opset
             apply_precision(trial, [trial_nodes[i] for i in low_idx], low,
                             lambda n: needs_emulation(n, opset), True, cache)
             return output_error(reference, run_model(trial, feeds), o.metric)
 
-        result = search_fp32_set(ranking, evaluate, o.budget)
+        start = time.perf_counter()
+        all_low = evaluate_low(candidates)
+        groups: Dict[str, List[int]] = {}
+        for i in candidates:
+            groups.setdefault(nodes[i].op_type, []).append(i)
+        group_errors: Dict[str, float] = {}
+        if all_low > o.budget and len(groups) > 1:
+            key, group_errors = group_estimates(groups, key, evaluate_low, o.metric)
+            for i in candidates:
+                score[i]["estimated_output_error"] = _round(key[i])
+        ranking = sorted(candidates, key=lambda i: (-key.get(i, 0.0), i))
+
+        def evaluate(k: int) -> float:
+            return evaluate_low(ranking[k:])
+
+        result = search_fp32_set(ranking, evaluate, o.budget, {0: all_low})
         for rank, i in enumerate(ranking[:result.count]):
             why[i] = f"{MEASURED} (rank {rank + 1})"
-        stats["search"] = {"seconds": round(result.seconds, 3), "runs": len(result.history),
+        stats["search"] = {"seconds": round(time.perf_counter() - start, 3),
+                           "runs": len(result.history) + len(group_errors),
+                           "group_errors": {g: _round(e) for g, e in group_errors.items()},
                            "history": [[k, _round(e)] for k, e in result.history],
                            "fp32_by_search": result.count, "error": _round(result.error),
                            "within_budget": result.within_budget}

@@ -93,3 +93,26 @@ def test_smollm2_perplexity_fp16_bf16():
         logger.info("SmolLM2 perplexity fp32 %.4f, %s %.4f (%+.3f%%)", fp32, dtype, low,
                     100 * (low / fp32 - 1))
         assert low != fp32 and low <= fp32 * 1.01
+
+
+@pytest.mark.slow
+def test_smollm2_bf16_search_meets_a_tight_budget_in_minutes():
+    from passctl.tools.check import make_inputs, run_onnxruntime
+    from zoo import zoo_path
+
+    path = zoo_path("smollm2")
+    budget = 3e-3  # below the all-bf16 error (~7.7e-3 mean-rel on these feeds): the search must work
+    candidate, stats = _amp(path, f"amp{{dtype=bf16,budget={budget},metric=mean-rel,samples=1,"
+                                  "dims=sequence=64}")
+    search = stats["search"]
+    logger.info("SmolLM2 bf16 budget %g: %s", budget, _summary(stats))
+    _every_fp32_node_says_why(stats)
+    assert search["history"][0][0] == 0 and search["history"][0][1] > budget
+    assert search["within_budget"] and 0 < search["fp32_by_search"] < stats["low_nodes"]
+    assert search["seconds"] < 300 and search["runs"] <= 40
+    assert set(search["group_errors"]) >= {"MatMul", "Add", "Mul"}
+    # the same calibration feed, recomputed independently of the pass
+    feed = make_inputs(path, seed=0, dim_values={"sequence": 64})
+    ref = run_onnxruntime(path, feed)["logits"].astype(np.float64)
+    got = run_onnxruntime(candidate, feed)["logits"].astype(np.float64)
+    assert np.abs(got - ref).sum() / np.abs(ref).sum() <= budget

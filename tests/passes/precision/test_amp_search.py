@@ -13,7 +13,7 @@ from passctl.passes.common import InferShapes
 from passctl.passes.manager import PassManager
 from passctl.passes.pipeline_text import build_pipeline
 from passctl.passes.precision import measure, output_error, search_fp32_set
-from passctl.passes.precision.sensitivity import calibration_inputs
+from passctl.passes.precision.sensitivity import calibration_inputs, group_estimates
 from passctl.tools.check import compare, run_onnxruntime
 
 
@@ -30,6 +30,23 @@ def test_search_finds_the_smallest_count_in_few_runs():
     assert search_fp32_set(list(range(5)), lambda k: 0.0, 0.1).count == 0
     never = search_fp32_set(list(range(5)), lambda k: 1.0, 0.1)
     assert never.count == 5 and never.error == 0.0  # all searched nodes float32: graph unchanged
+
+
+def test_group_estimates_share_a_group_error_by_squared_local_error():
+    runs = []
+
+    def evaluate_low(members):
+        runs.append(tuple(members))
+        return {(0, 1): 5e-3, (2,): 1e-3}[tuple(members)]
+
+    local = {0: 3.0, 1: 4.0, 2: 7.0}
+    est, measured = group_estimates({"MatMul": [0, 1], "Add": [2]}, local, evaluate_low, "mean-rel")
+    assert runs == [(0, 1), (2,)] and measured == {"MatMul": 5e-3, "Add": 1e-3}
+    assert est[0] == pytest.approx(5e-3 * 3 / 5) and est[1] == pytest.approx(5e-3 * 4 / 5)
+    assert est[0] ** 2 + est[1] ** 2 == pytest.approx(5e-3 ** 2)  # squares add up to the group's
+    assert est[2] == pytest.approx(1e-3)
+    est, _ = group_estimates({"MatMul": [0, 1]}, local, lambda m: 5e-3, "cosine")
+    assert est[0] == pytest.approx(5e-3 * 9 / 25) and est[1] == pytest.approx(5e-3 * 16 / 25)
 
 
 def test_output_error_metrics_match_numpy_and_check():
