@@ -11,7 +11,25 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any]):
+def _flash_prefill(bb, q, k, v, heads: int, kv_heads: int, causal: bool, scale: float, target):
+    """TVM's own flash-style prefill kernel (``tvm.relax.frontend.nn.llm``'s
+    ``_attention_sequence_prefill``: tiled Q.K^T, online softmax in exp2, GQA by head groups,
+    optional causal mask; BSHD in and out) as a ``call_tir``. ``sm_scale`` is the softmax scale
+    (the kernel multiplies it by log2(e) itself)."""
+    from tvm import relax
+    from tvm.relax.frontend.nn.llm.kv_cache import _attention_sequence_prefill
+
+    b, s, _, d = (int(x) for x in q.ty.shape)
+    dtype = str(q.ty.dtype)
+    func = _attention_sequence_prefill(kv_heads, heads, d, dtype, target, causal=int(causal),
+                                       sm_scale=scale)
+    gvar = bb.add_func(func, "passctl_flash_prefill")
+    out = relax.call_tir(gvar, relax.Tuple([q, k, v]), [relax.TensorType((b, s, heads, d), dtype),
+                                                     relax.TensorType((b, s, heads), dtype)])
+    return relax.TupleGetItem(bb.normalize(out), 0)
+
+
+def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=None):
     """Build Relax ops for one ``passctl::Attention`` (schema: passes/attention/canonical.py).
 
     Q/K/V arrive in BHSD; Relax's ``nn.attention`` takes BSNH (``[B, S, H, D]``), so each is
@@ -22,10 +40,16 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any]):
     and, with ``nan_to_zero``, NaN rows become 0. ``softmax_precision`` is left to Relax (its kernels
     accumulate fp16 attention in fp32).
 
+    With a CUDA ``target``, no mask, fp16/bf16 and equal Q/V head sizes, the BSNH operands go to
+    TVM's flash-style prefill kernel instead (:func:`_flash_prefill`; causal and GQA handled there,
+    no repeat): TVM 0.27's wheel has no cuDNN/CUTLASS, and nn.attention legalizes to a kernel that
+    materializes the [B, H, S, T] scores.
+
     Args:
         bb: the frontend's ``relax.BlockBuilder``.
         inputs: Relax expressions ``[Q, K, V, Mask?]``.
         attrs: the node's attributes (strings may be bytes).
+        target: the ``tvm.target.Target`` being built for (None: nn.attention always).
 
     Returns:
         The Relax expression of the output ``[B, H, S, Dv]``.
@@ -38,10 +62,17 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any]):
     heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
     kind = _text(attrs.get("mask_kind", "none"))
     dtype = str(q.ty.dtype)
+    bsnh = [0, 2, 1, 3]
+    flash = (target is not None and target.kind.name == "cuda" and kind == "none" and mask is None
+             and dtype in ("float16", "bfloat16") and int(q.ty.shape[3]) == int(v.ty.shape[3]))
+    if flash:
+        y = _flash_prefill(bb, *(bb.normalize(op.permute_dims(x, bsnh)) for x in (q, k, v)), heads,
+                           kv_heads, bool(int(attrs.get("is_causal", 0))), float(attrs["scale"]),
+                           target)
+        return op.permute_dims(bb.normalize(y), bsnh)
     if kv_heads != heads:
         k = op.repeat(k, heads // kv_heads, axis=1)
         v = op.repeat(v, heads // kv_heads, axis=1)
-    bsnh = [0, 2, 1, 3]
     bias = None
     if mask is not None and kind != "none":
         bias = mask
@@ -65,9 +96,10 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any]):
     return y
 
 
-def converters() -> Dict[str, Any]:
-    """``{"Attention": relax_attention}``, to merge into the TVM emitter's passctl converter table."""
-    return {"Attention": relax_attention}
+def converters(target=None) -> Dict[str, Any]:
+    """``{"Attention": converter}`` to merge into the TVM emitter's passctl converter table; with a
+    CUDA ``target`` the converter uses the flash-style kernel where it applies."""
+    return {"Attention": lambda bb, inputs, attrs: relax_attention(bb, inputs, attrs, target)}
 
 
 __all__ = ["converters", "relax_attention"]
