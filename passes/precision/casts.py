@@ -97,7 +97,7 @@ class _Writer:
         self.converted[key] = new
         return new
 
-    def up_at_runtime(self, value: Value, before: Node) -> Value:
+    def up_at_runtime(self, value: Value) -> Value:
         """A Cast of ``value`` to float32 (never folded: emulation keeps the weight stored low)."""
         if value in self.runtime_up:
             return self.runtime_up[value]
@@ -202,7 +202,7 @@ def _emulate(graph: Graph, node: Node, slots: Tuple[int, ...], w: _Writer) -> No
     for i in slots:
         v = node.inputs[i]
         if v is not None and v.dtype != DataType.FLOAT:
-            node.set_input(i, w.up_at_runtime(v, node))
+            node.set_input(i, w.up_at_runtime(v))
     outs = list(node.outputs)
     for k, o in enumerate(outs):
         if o.dtype != w.low:

@@ -8,7 +8,7 @@ from typing import Dict, Iterable, List, Optional
 import ml_dtypes
 import numpy as np
 
-from passctl.ir import DataType, Graph, Node, Value
+from passctl.ir import DataType, Graph, Node, Value, implicit_inputs
 from passctl.passes.common.constants import constant_array
 from passctl.passes.precision.ops import ADDING_REDUCTIONS, convertible, typed_inputs
 
@@ -23,6 +23,7 @@ SOFTMAX = "softmax-input"
 EXP = "exp"
 LONG_REDUCTION = "long-reduction"
 MASK_CONSTANT = "mask-constant"
+SUBGRAPH_READ = "read-by-subgraph"
 NO_LOW_FORM = "no-low-precision-form"
 
 # How the statistics chain of a decomposed norm continues after each op (see layernorm_chains).
@@ -173,6 +174,8 @@ def rule_fp32_nodes(graph: Graph, low: DataType, long_reduction: int = 4096) -> 
          ``finite_min + x`` still overflows to -inf in fp16 for any x < -16 and the mask ops are cheap.
       6. ``no-low-precision-form``: an op with float32 values but no low-precision form here (Cast,
          ConstantOfShape, Range, custom domains, ops with subgraphs, ops already in another type).
+      7. ``read-by-subgraph``: the producer of a float32 value that an If/Loop/Scan body reads from the
+         outer scope (the body's types are not rewritten, so the value must stay float32).
 
     Args:
         graph: The main graph, with element types known (run infer-shapes first).
@@ -199,6 +202,10 @@ def rule_fp32_nodes(graph: Graph, low: DataType, long_reduction: int = 4096) -> 
             absmax = constant_overflows(node.inputs[i] if i < len(node.inputs) else None, low)
             if absmax is not None:
                 keep(node, f"{MASK_CONSTANT} (|c| = {absmax:.3g} is inf in {low.short_name})")
+    for node in graph:
+        for v in implicit_inputs(node) if node.subgraphs() else ():
+            if v.producer is not None and v.producer.graph is graph and v.dtype == DataType.FLOAT:
+                keep(v.producer, SUBGRAPH_READ)
     for node in layernorm_chains(graph):
         keep(node, LAYERNORM)
     for node in graph:

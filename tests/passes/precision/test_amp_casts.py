@@ -117,3 +117,29 @@ def test_simplify_casts_removes_ping_pong_and_keeps_rounding():
     got = run_onnxruntime(to_onnx(model), {"h": h, "f": f, "m": m})
     assert np.array_equal(got["y1"], h) and np.array_equal(got["y2"], f.astype(np.float16).astype(np.float32))
     assert np.array_equal(got["y3"], m.astype(np.float16)) and np.array_equal(got["y4"], np.maximum(f, 0))
+
+
+def test_values_read_by_a_subgraph_stay_float32():
+    proto = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    branch (float[4,32] x, bool c) => (float[4,32] y, float[4,32] z)
+    {
+      a = MatMul(x, w)
+      h = Relu(a)
+      z = MatMul(h, w)
+      y = If(c) <then_branch = g1 () => (float[4,32] t) { t = Mul(a, a) },
+                 else_branch = g2 () => (float[4,32] e) { e = Add(h, h) }>
+    }
+    """)
+    w = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32) / 6
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
+    out, stats = _run_amp(proto, "amp{dtype=fp16,measure=false}", "a100")
+    why = [(e["op"], e["precision"], e.get("why")) for e in stats["nodes"]]
+    assert why[:3] == [("MatMul", "fp32", "read-by-subgraph"), ("Relu", "fp32", "read-by-subgraph"),
+                       ("MatMul", "fp16", None)]
+    x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
+    for c in (True, False):
+        feed = {"x": x, "c": np.array(c)}
+        got, want = run_onnxruntime(out, feed), run_onnxruntime(proto, feed)
+        assert np.array_equal(got["y"], want["y"])
+        assert np.abs(got["z"] - want["z"]).max() <= 5e-3 * np.abs(want["z"]).max()
