@@ -31,14 +31,14 @@ class TvmTranslationError(UserError):
     """TVM's frontend failed on a node the pre-build check accepted (one line, names the node)."""
 
 
-def _translate(model: Model, source: str):
+def _translate(model: Model, source: str, target=None):
     """:func:`passctl.targets.tvm.frontend.to_relax` with frontend failures as one-line errors."""
     from passctl.targets.tvm import frontend
 
     quiet = io.StringIO()  # the frontend prints "Error converting operator ..." itself
     try:
         with contextlib.redirect_stdout(quiet):
-            return frontend.to_relax(model, source)
+            return frontend.to_relax(model, source, target)
     except UserError:
         raise
     except frontend.NodeConversionError as e:
@@ -109,7 +109,7 @@ class TvmEmitter(Emitter):
         tgt = tvm_target(target)  # before the translation: a missing nvcc is reported first
         tvm = import_tvm()
         t0 = time.perf_counter()
-        mod, params = _translate(model, source)
+        mod, params = _translate(model, source, tgt)
         t1 = time.perf_counter()
         from passctl.targets.tvm.build import compile_module
 

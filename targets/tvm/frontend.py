@@ -23,8 +23,9 @@ _PREFIX = "passctl::"
 _DIRECT = {"If", "Constant"}
 
 
-def _converter_table() -> Dict[str, Callable]:
-    """passctl op type -> ``fn(bb, inputs, attrs) -> relax.Expr`` (math: passes/fusion/canonical.py)."""
+def _converter_table(target=None) -> Dict[str, Callable]:
+    """passctl op type -> ``fn(bb, inputs, attrs) -> relax.Expr`` (math: passes/fusion/canonical.py;
+    ``Attention``: passes/attention/tvm_relax.py, which picks its kernel by ``target``)."""
     import_tvm()
     from tvm import relax
 
@@ -73,8 +74,15 @@ def _converter_table() -> Dict[str, Callable]:
                        0.0, 1.0)
         return op.multiply(x, gate)
 
-    return {"LayerNorm": layer_norm, "SkipLayerNorm": skip_layer_norm, "RMSNorm": rms_norm,
-            "Gelu": gelu, "SiLU": silu, "HardSwish": hard_swish}
+    table = {"LayerNorm": layer_norm, "SkipLayerNorm": skip_layer_norm, "RMSNorm": rms_norm,
+             "Gelu": gelu, "SiLU": silu, "HardSwish": hard_swish}
+    try:
+        from passctl.passes.attention.tvm_relax import converters as attention_converters
+    except ImportError:  # the attention package is optional here
+        logger.debug("passctl::Attention converter not available")
+    else:
+        table.update(attention_converters(target))
+    return table
 
 
 def supported_passctl_ops() -> List[str]:
@@ -196,12 +204,13 @@ def _constants_as_nodes(graph) -> None:
     graph.node.extend(moved + nodes)
 
 
-def to_relax(model: Model, source: str = "model"):
+def to_relax(model: Model, source: str = "model", target=None):
     """Translate ``model`` (static input shapes) to a Relax IRModule with weights as parameters.
 
     Route: ``passctl.ir.to_onnx`` -> TVM 0.27's Relax ONNX frontend (``keep_params_in_input``),
     with passctl-domain ops converted by :func:`_converter_table` (nn.layer_norm, nn.rms_norm,
-    nn.gelu / gelu_tanh, nn.silu, HardSwish as x * clip(x / 6 + 1/2, 0, 1)).
+    nn.gelu / gelu_tanh, nn.silu, HardSwish as x * clip(x / 6 + 1/2, 0, 1), Attention through
+    passes/attention/tvm_relax.py for ``target``, the ``tvm.target.Target`` being built for).
 
     Returns:
         ``(mod, params)``: the IRModule whose ``main`` takes the graph inputs then the weights, and
@@ -225,7 +234,7 @@ def to_relax(model: Model, source: str = "model"):
         if node.domain == PASSCTL_DOMAIN:
             node.op_type = _PREFIX + node.op_type
             node.domain = ""
-    table = _converter_table()
+    table = _converter_table(target)
 
     class _Importer(ONNXGraphImporter):
         def _check_for_unsupported_ops(self, graph):  # done on the IR, with provenance

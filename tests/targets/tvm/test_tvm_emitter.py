@@ -131,14 +131,14 @@ def test_unsupported_op_reported_before_build_with_provenance(tmp_path):
 
 def test_unknown_onnx_op_and_unmapped_passctl_op(tmp_path):
     graph = helper.make_graph(
-        [helper.make_node("Attention", ["x"], ["a"], domain="passctl", name="attn"),
+        [helper.make_node("SelectiveScan", ["x"], ["a"], domain="passctl", name="attn"),
          helper.make_node("Relu", ["a"], ["y"], name="relu")],
         "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("passctl", 1)])
-    with pytest.raises(UserError, match=r"node 'attn' \(op passctl::Attention, from attn\).*"
-                                        r"maps passctl::Gelu"):
+    with pytest.raises(UserError, match=r"node 'attn' \(op passctl::SelectiveScan, from attn\).*"
+                                        r"maps passctl::Attention, passctl::Gelu"):
         emit_tvm(from_onnx_unchecked(proto), tmp_path / "a")
     graph = helper.make_graph(
         [helper.make_node("StringNormalizer", ["s"], ["y"], name="norm")],
@@ -184,3 +184,29 @@ def test_gpu_target_without_cuda_compiler_says_what_is_missing(tmp_path, monkeyp
     with pytest.raises(UserError, match=r"target 't4' \(sm_75\).*neither; pip install cuda-python"):
         emit_tvm(ir(_conv_model()), tmp_path / "a", target="t4")
     assert not (tmp_path / "a").exists()
+
+
+def test_passctl_attention_gqa_causal_matches_numpy(tmp_path):
+    """passctl::Attention (passes/attention/tvm_relax.py's converter, merged into the emitter's
+    table): H=4 query heads on 2 KV heads, causal, against softmax(scale Q.K^T + causal) V."""
+    b, h, hkv, s, d = 1, 4, 2, 8, 16
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, [b, h, s, d]),
+              helper.make_tensor_value_info("k", TensorProto.FLOAT, [b, hkv, s, d]),
+              helper.make_tensor_value_info("v", TensorProto.FLOAT, [b, hkv, s, d])]
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], domain="passctl", name="attn",
+                            scale=0.25, mask_kind="none", is_causal=1, num_heads=h, kv_num_heads=hkv,
+                            softmax_precision=0, nan_to_zero=0)
+    graph = helper.make_graph([node], "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, h, s, d])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("passctl", 1)])
+    emit_tvm(from_onnx_unchecked(proto), tmp_path / "a", self_check=False)
+    q = RNG.standard_normal((b, h, s, d)).astype(np.float32)
+    k = RNG.standard_normal((b, hkv, s, d)).astype(np.float32)
+    v = RNG.standard_normal((b, hkv, s, d)).astype(np.float32)
+    got = run_tvm(tmp_path / "a", {"q": q, "k": k, "v": v})["y"]
+    kr, vr = np.repeat(k, h // hkv, axis=1), np.repeat(v, h // hkv, axis=1)
+    scores = 0.25 * q @ kr.transpose(0, 1, 3, 2) + np.triu(np.full((s, s), -np.inf), 1)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ vr
+    assert rel_err(got, want) < 1e-5
