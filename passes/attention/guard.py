@@ -6,14 +6,11 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-import numpy as np
-
 from passctl.ir import Node, Value
 from passctl.passes.attention.causal import mask_is_causal
 from passctl.passes.attention.layout import (BHSD, Operand, dims, key_operand, rank, same_dim,
                                              value_operand)
 from passctl.passes.rewrite import MatchResult, constant_value
-from passctl.passes.rewrite.pattern import node_label
 
 SCALE_RTOL = 1e-3
 """Relative tolerance of the scale check (fp16 exports round 1/sqrt(d) to 11 bits)."""
@@ -100,7 +97,7 @@ def _softmax_axis_ok(sm: Node, opset: int) -> Tuple[bool, str]:
     return True, ""
 
 
-def _check_layout(name: str, op: Operand, want_heads: Optional[int]) -> str:
+def _check_layout(name: str, op: Operand) -> str:
     r = op.roles()
     if r is not None and r != BHSD:
         return (f"{name} has layout ({', '.join(r)}) traced from the head split ({op.how}); "
@@ -133,7 +130,7 @@ def check(c: Candidate, opset: int, any_scale: bool = False) -> Tuple[Optional[P
                      "attention takes rank-4 [B, H, S, D] operands", c.softmax)
     q, k, v = Operand(c.q, None, 1, "Q"), key_operand(c.kt), value_operand(c.v)
     for name, op in (("Q", q), ("K", k), ("V", v)):
-        why = _check_layout(name, op, None)
+        why = _check_layout(name, op)
         if why:
             return _fail(why, c.softmax)
     qd, kd, vd = q.shape_dims(), k.shape_dims(), v.shape_dims()
@@ -224,4 +221,4 @@ def _fmt(tokens) -> str:
                            for t in tokens) + "]"
 
 
-__all__ = ["Candidate", "MASK_FILL_MAX", "Plan", "SCALE_RTOL", "check", "node_label"]
+__all__ = ["Candidate", "MASK_FILL_MAX", "Plan", "SCALE_RTOL", "check"]

@@ -130,7 +130,7 @@ def reshape_target(node: Node) -> Optional[List[Token]]:
     return out
 
 
-def _head_split(node: Node) -> Optional[Tuple[str, ...]]:
+def head_split_roles(node: Node) -> Optional[Tuple[str, ...]]:
     """Roles of a Reshape that splits the hidden axis of ``[B, S, hidden]`` into heads: ``[B, S, H,
     D]`` (or ``[B, S, P, H, D]`` for a packed QKV projection), checked with static sizes."""
     x = node.inputs[0]
@@ -153,7 +153,7 @@ def _head_split(node: Node) -> Optional[Tuple[str, ...]]:
 
 def split_heads(node: Node) -> Optional[int]:
     """The static head count of a head-splitting Reshape (``-1`` resolved from the hidden size)."""
-    if _head_split(node) is None:
+    if head_split_roles(node) is None:
         return None
     hidden, tail = dims(node.inputs[0])[2], reshape_target(node)[2:]
     heads = tail[-2]
@@ -290,7 +290,7 @@ def _roles(v: Value, memo, depth: int) -> Optional[Tuple[str, ...]]:
         return None
     op = n.op_type
     if op == "Reshape":
-        split = _head_split(n)
+        split = head_split_roles(n)
         if split is not None:
             return split
         src = gqa_source(v)
@@ -398,6 +398,6 @@ def _with_gqa(op: Operand) -> Operand:
     return Operand(src[0], None, src[1], op.how + f", repeat_kv x{src[1]}")
 
 
-__all__ = ["BHSD", "Operand", "Token", "dim_token", "dims", "gqa_source", "heads", "key_operand", "rank",
+__all__ = ["BHSD", "Operand", "Token", "dim_token", "dims", "gqa_source", "head_split_roles", "heads", "key_operand", "rank",
            "reshape_target", "roles", "same_dim", "shape_tokens", "transposed_chain_source",
            "value_operand"]

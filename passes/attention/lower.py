@@ -8,7 +8,7 @@ import numpy as np
 
 from passctl.ir import Node, Value
 from passctl.passes.attention.canonical import OP_TYPE
-from passctl.passes.attention.layout import _head_split, dims
+from passctl.passes.attention.layout import head_split_roles, dims
 from passctl.passes.fusion.canonical import MS_DOMAIN
 from passctl.passes.fusion.lowering import LowerContext, register_lowering
 
@@ -139,7 +139,7 @@ def _to_bsd(ctx: LowerContext, x: Value, heads: int, head_size: Optional[int]) -
     t = x.producer
     if t is not None and t.op_type == "Transpose" and tuple(t.attr("perm") or ()) == (0, 2, 1, 3):
         r = t.inputs[0].producer
-        if r is not None and r.op_type == "Reshape" and _head_split(r) == ("B", "S", "H", "D"):
+        if r is not None and r.op_type == "Reshape" and head_split_roles(r) == ("B", "S", "H", "D"):
             return r.inputs[0]
     hidden = heads * head_size if isinstance(head_size, int) else -1
     return ctx.b.op("Reshape", ctx.b.op("Transpose", x, perm=[0, 2, 1, 3]),

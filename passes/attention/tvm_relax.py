@@ -36,7 +36,8 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=Non
     permuted, KV heads are repeated to H (``repeat`` on the head axis: head h reads KV head
     h // n_rep), a boolean mask becomes a 0 / -inf bias of Q's dtype, a mask of rank < 4 gets leading
     unit axes, ``is_causal`` without a mask becomes ``causal_mask="TopLeft"`` (with a mask it is a
-    hint, and TVM 0.27's legalized kernel gives NaN for bias plus causal_mask), the result is permuted back to BHSD
+    hint, and TVM 0.27's legalized kernel gives NaN for bias plus causal_mask), the result is
+    permuted back to BHSD
     and, with ``nan_to_zero``, NaN rows become 0. ``softmax_precision`` is left to Relax (its kernels
     accumulate fp16 attention in fp32).
 

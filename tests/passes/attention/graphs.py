@@ -112,7 +112,8 @@ def attention_model(heads: int = 4, kv_heads: Optional[int] = None, head_size: i
         arr = arr.astype(np.int64) if arr.dtype.kind == "i" else arr.astype(np.float32)
         init_protos.append(numpy_helper.from_array(arr, name))
     graph = helper.make_graph(nodes, "attention", inputs,
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence", hidden])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                             ["batch", "sequence", hidden])],
                               init_protos)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10 if opset >= 21 else 8
