@@ -136,3 +136,24 @@ def feeds(model: onnx.ModelProto, batch: int = 2, seq: int = 6, seed: int = 1):
         k[1, ..., -2:] = False
         out["keep"] = k
     return out
+
+
+def fp16_cast_attention(heads: int = 2, seq: int = 5, head_size: int = 8) -> onnx.ModelProto:
+    """fp16 q, k, v ``[1, H, S, D]`` inputs; scores cast to float32 around Softmax and back (the
+    ``softmax(dtype=float32).to(float16)`` of half-precision models)."""
+    shape = [1, heads, seq, head_size]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, shape) for n in "qkv"]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node("Mul", ["qk", "s"], ["scores"]),
+             helper.make_node("Cast", ["scores"], ["s32"], to=TensorProto.FLOAT),
+             helper.make_node("Softmax", ["s32"], ["p32"], axis=-1),
+             helper.make_node("Cast", ["p32"], ["p"], to=TensorProto.FLOAT16),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "attention_fp16", ins,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, shape)],
+                              [numpy_helper.from_array(np.array(head_size ** -0.5, np.float16), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model

@@ -140,3 +140,31 @@ def test_k_bthd_permutation_0231_is_the_correct_transpose():
     # it fuses; the same permutation of a (B,H,T,D) key is refused above.
     stats, _ = run(attention_model(k_layout="bthd", heads=6, seq=6), "infer-shapes,fuse-attention")
     assert stats["fuse-attention"]["attention"] == 1
+
+
+def test_fp32_casts_around_softmax():
+    from graphs import fp16_cast_attention
+
+    proto = fp16_cast_attention()
+    stats, out = run(proto, "infer-shapes,fuse-attention,lower-standard,dce")
+    fuse = stats["fuse-attention"]
+    assert fuse["attention"] == 1 and fuse["attention-37-mul-after-nomask-fp32"] == 1, fuse
+    assert ops(out).count("Cast") == 2  # the decomposed form keeps the float32 softmax
+    rng = np.random.default_rng(0)
+    inputs = {n: rng.standard_normal((1, 2, 5, 8)).astype(np.float16) for n in "qkv"}
+    ref = run_onnxruntime(proto, inputs)["y"].astype(np.float32)
+    got = run_onnxruntime(out, inputs)["y"].astype(np.float32)
+    assert np.array_equal(ref, got)  # the same ops in the same order: bit-identical
+
+
+def test_fp16_attention_through_multi_head_attention():
+    from graphs import fp16_cast_attention
+
+    proto = fp16_cast_attention()
+    _, out = run(proto, "flash-attn")
+    assert "com.microsoft::MultiHeadAttention" in ops(out) and "Softmax" not in ops(out)
+    rng = np.random.default_rng(1)
+    inputs = {n: rng.standard_normal((1, 2, 5, 8)).astype(np.float16) for n in "qkv"}
+    ref = run_onnxruntime(proto, inputs)["y"].astype(np.float32)
+    got = run_onnxruntime(out, inputs)["y"].astype(np.float32)
+    assert np.abs(ref - got).max() <= 2e-3 * np.abs(ref).max()  # fp16 rounding
