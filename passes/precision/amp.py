@@ -235,8 +235,10 @@ class MixedPrecision(Pass):
                            "history": [[k, _round(e)] for k, e in result.history],
                            "fp32_by_search": result.count, "error": _round(result.error),
                            "within_budget": result.within_budget}
-        if not result.within_budget:
-            logger.warning("amp: budget %g not met even with every searched node in float32", o.budget)
+        if result.count == len(ranking) and ranking:
+            logger.warning("amp: %s %g is met only with every measured node in float32 (nothing left "
+                           "in %s); check that the calibration feeds are representative (calib=) or "
+                           "raise the budget", o.metric, o.budget, o.dtype)
         return set(ranking[result.count:])
 
 
