@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from passctl.ir import Node, Value
@@ -64,7 +64,6 @@ class Plan:
     is_causal: bool = False
     softmax_precision: int = 0
     nan_to_zero: bool = False
-    notes: List[str] = field(default_factory=list)
 
 
 def _fail(reason: str, node: Optional[Node] = None) -> Tuple[None, MatchResult]:
