@@ -5,13 +5,14 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from passctl.ir import Attr, AttrType, DataType, Model, Node, Shape, TensorType, Value, to_onnx
+from passctl.ir import Attr, AttrType, DataType, Model, Node, Shape, TensorType, Value, save, to_onnx
 from passctl.ir.errors import UserError
 from passctl.passes._snapshot import clone_model
 from passctl.passes.precision.ops import float_inputs
@@ -19,6 +20,8 @@ from passctl.passes.precision.ops import float_inputs
 logger = logging.getLogger(__name__)
 
 METRICS = ("max-rel", "mean-rel", "cosine")
+EMBED_LIMIT = 1_500_000_000
+"""Weight bytes from which :func:`run_model` saves the model with external data instead of in memory."""
 Feeds = List[Dict[str, np.ndarray]]
 
 
@@ -65,7 +68,8 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     """Run ``model`` (IR, weights embedded; under 2 GB) on ONNX Runtime's CPU EP for every feed.
 
     Graph optimizations are off (``ORT_DISABLE_ALL``) so the Casts that round to low precision are
-    executed as written.
+    executed as written. Models with :data:`EMBED_LIMIT` bytes of weights or more are written to a
+    temporary folder with external data first.
     """
     import onnxruntime as ort
 
@@ -74,9 +78,15 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     options.log_severity_level = 3
     if threads is not None:
         options.intra_op_num_threads = threads
-    data = to_onnx(model).SerializeToString()
-    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    del data
+    weights = sum(v.const.nbytes for v in model.graph.initializers.values() if v.const is not None)
+    with tempfile.TemporaryDirectory(prefix="passctl-amp-") as folder:
+        if weights < EMBED_LIMIT:
+            data = to_onnx(model).SerializeToString()
+        else:  # protobuf's 2 GB limit: weights in an external data file next to a temporary model
+            data = os.path.join(folder, "model.onnx")
+            save(model, data, external_data=True)
+        session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        del data
     names = list(outputs) if outputs is not None else [o.name for o in session.get_outputs()]
     wanted = [i.name for i in session.get_inputs()]
     return [dict(zip(names, session.run(names, {n: f[n] for n in wanted}))) for f in feeds]

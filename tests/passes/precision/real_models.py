@@ -109,3 +109,25 @@ def perplexity(model, ids: np.ndarray, window: int = WINDOW) -> float:
         nll -= logp[np.arange(w.shape[1] - 1), w[0, 1:]].sum()
         count += w.shape[1] - 1
     return float(np.exp(nll / count))
+
+
+def cast_ping_pongs(model) -> int:
+    """Cast pairs ``Cast(Cast(x, to=float), to=type(x))`` with x fp16/bf16 (an identity) in ``model``."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in
+             list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
+    types.update({i.name: i.data_type for i in model.graph.initializer})
+    producer = {o: n for n in model.graph.node for o in n.output}
+    low = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    count = 0
+    for n in model.graph.node:
+        first = producer.get(n.input[0]) if n.op_type == "Cast" else None
+        if first is None or first.op_type != "Cast":
+            continue
+        to = {a.name: a.i for a in n.attribute}["to"]
+        mid = {a.name: a.i for a in first.attribute}["to"]
+        if mid == onnx.TensorProto.FLOAT and types.get(first.input[0]) == to and to in low:
+            count += 1
+    return count

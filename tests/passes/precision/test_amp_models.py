@@ -43,7 +43,7 @@ def _every_fp32_node_says_why(stats):
 @pytest.mark.slow
 def test_minilm_fp16_sentence_embeddings(tmp_path):
     from corpus import corpus_path
-    from real_models import mean_pooled, minilm_feeds, sentences
+    from real_models import cast_ping_pongs, mean_pooled, minilm_feeds, sentences
 
     texts = sentences()
     assert len(texts) == 200 and len(set(texts)) == 200
@@ -67,11 +67,12 @@ def test_minilm_fp16_sentence_embeddings(tmp_path):
     assert cosine.shape == (200,) and cosine.min() >= 0.9999
     assert not np.allclose(reference, got, rtol=0, atol=1e-7)  # it really ran in fp16
     _same_with_ort_optimizations(candidate, feeds[0], "last_hidden_state", 1e-2)
+    assert cast_ping_pongs(candidate) == 0
 
 
 @pytest.mark.slow
 def test_smollm2_perplexity_fp16_bf16():
-    from real_models import perplexity, smollm2_token_ids
+    from real_models import cast_ping_pongs, perplexity, smollm2_token_ids
     from zoo import zoo_path
 
     ids = smollm2_token_ids()
@@ -89,6 +90,7 @@ def test_smollm2_perplexity_fp16_bf16():
         window = ids[None, :128]
         _same_with_ort_optimizations(candidate, {"input_ids": window,
                                                  "attention_mask": np.ones_like(window)}, "logits", 0.1)
+        assert cast_ping_pongs(candidate) == 0
         low = perplexity(candidate, ids)
         logger.info("SmolLM2 perplexity fp32 %.4f, %s %.4f (%+.3f%%)", fp32, dtype, low,
                     100 * (low / fp32 - 1))

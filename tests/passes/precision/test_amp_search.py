@@ -112,3 +112,13 @@ def test_calibration_folder(tmp_path):
         np.savez(tmp_path / f"{k}.npz", x=np.full(64, k, np.float32))
     feeds = calibration_inputs(model, str(tmp_path))
     assert [float(f["x"][0]) for f in feeds] == [0.0, 1.0, 2.0]
+
+
+def test_run_model_with_external_data_for_large_weights(monkeypatch):
+    from passctl.passes.precision import sensitivity
+
+    model = from_onnx(cancellation_model())
+    feeds = [{"x": np.linspace(-1, 1, 64).astype(np.float32)}]
+    embedded = sensitivity.run_model(model, feeds)
+    monkeypatch.setattr(sensitivity, "EMBED_LIMIT", 0)
+    assert np.array_equal(sensitivity.run_model(model, feeds)[0]["y"], embedded[0]["y"])
