@@ -17,7 +17,7 @@ from passctl.passes.precision.casts import WeightCache, apply_precision
 from passctl.passes.precision.cpu_kernels import needs_emulation
 from passctl.passes.precision.ops import convertible, float_inputs, has_float32, is_exact
 from passctl.passes.precision.rules import LOW_DTYPES, becomes_inf, finite_max, rule_fp32_nodes
-from passctl.passes.precision.sensitivity import (calibration_inputs, group_estimates, measure,
+from passctl.passes.precision.sensitivity import (METRICS, calibration_inputs, group_estimates, measure,
                                                   output_error, run_model, search_fp32_set)
 from passctl.passes.registry import register_pass
 from passctl.targets.profiles import TargetProfile, get_target
@@ -141,8 +141,8 @@ class MixedPrecision(Pass):
             other = f"use dtype={support['dtypes'][0]}" if support["dtypes"] else "use another target"
             raise UserError(f"amp: dtype={o.dtype} is not supported on target {target.name} "
                             f"({target.description}, {target.sm}): {o.dtype} needs {need}; {other}")
-        if o.metric not in ("max-rel", "mean-rel", "cosine"):
-            raise UserError(f"amp: metric={o.metric} is unknown; use max-rel, mean-rel or cosine")
+        if o.metric not in METRICS:
+            raise UserError(f"amp: metric={o.metric} is unknown; use {', '.join(METRICS)}")
         low = LOW_DTYPES[o.dtype]
         graph = model.graph
         nodes = list(graph)

@@ -145,7 +145,8 @@ def apply_precision(model: Model, low_nodes: Iterable[Node], low: DataType,
                 _retype(o, low)
     if not keep_io:
         for v in graph.inputs:
-            if v.dtype == DataType.FLOAT:
+            if v.dtype == DataType.FLOAT and not v.is_initializer():
+                original[v] = DataType.FLOAT
                 _retype(v, low)
     values: Dict[Value, None] = {}
     for v in list(graph.inputs) + list(graph.initializers.values()):
@@ -164,8 +165,6 @@ def apply_precision(model: Model, low_nodes: Iterable[Node], low: DataType,
                 continue
             else:
                 want = original.get(v, v.dtype)
-                if v.is_graph_input() and not keep_io and v.dtype == low:
-                    want = DataType.FLOAT
             if want is not None and v.dtype is not None and want != v.dtype:
                 node.set_input(i, w.convert(v, want))
     _fix_outputs(graph, low, keep_io, w)

@@ -143,3 +143,21 @@ def test_values_read_by_a_subgraph_stay_float32():
         got, want = run_onnxruntime(out, feed), run_onnxruntime(proto, feed)
         assert np.array_equal(got["y"], want["y"])
         assert np.abs(got["z"] - want["z"]).max() <= 5e-3 * np.abs(want["z"]).max()
+
+
+def test_keep_io_false_with_a_float32_node_on_the_input():
+    proto = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[8] x) => (float[8] y)
+    {
+      e = Exp(x)
+      y = Mul(e, x)
+    }
+    """)
+    out, stats = _run_amp(proto, "amp{dtype=fp16,measure=false,keep_io=false}", "t4")
+    assert [(e["op"], e["precision"]) for e in stats["nodes"]] == [("Exp", "fp32"), ("Mul", "fp16")]
+    x = np.linspace(-2, 2, 8).astype(np.float16)
+    got = run_onnxruntime(out, {"x": x})["y"]
+    assert got.dtype == np.float16
+    want = np.exp(x.astype(np.float32)).astype(np.float16).astype(np.float32) * x.astype(np.float32)
+    assert np.allclose(got.astype(np.float32), want, rtol=1e-3)
