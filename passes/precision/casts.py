@@ -9,7 +9,7 @@ import numpy as np
 
 from passctl.ir import Attr, AttrType, DataType, Graph, Model, Node, Tensor, TensorType, Value
 from passctl.passes.common.constants import constant_tensor
-from passctl.passes.precision.ops import ANY_TYPE_INPUTS, float_inputs
+from passctl.passes.precision.ops import ANY_TYPE_INPUTS, float_inputs, typed_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def apply_precision(model: Model, low_nodes: Iterable[Node], low: DataType,
     w = _Writer(graph, low, cache)
     original = {}
     for node in low_set:
-        for o in node.outputs:
+        for o in (node.outputs[i] for i in typed_outputs(node)):
             if o.dtype == DataType.FLOAT:
                 original[o] = DataType.FLOAT
                 _retype(o, low)

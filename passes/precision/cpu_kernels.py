@@ -11,25 +11,28 @@ import onnx.helper
 
 from passctl.ir import Node
 from passctl.passes.common.constants import attr_to_proto
-from passctl.passes.precision.ops import COMPUTE_OPS
+from passctl.passes.precision.ops import is_compute
 
 logger = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=None)
-def _loads(op_type: str, opset: int, inputs: Tuple[int, ...], outputs: Tuple[int, ...],
+def _loads(domain: str, op_type: str, opset: int, inputs: Tuple[int, ...], outputs: Tuple[int, ...],
            attrs: Tuple[bytes, ...]) -> bool:
     import onnxruntime as ort
 
     ins = [onnx.helper.make_tensor_value_info(f"x{i}", t, None) for i, t in enumerate(inputs)]
     outs = [onnx.helper.make_tensor_value_info(f"y{i}", t, None) for i, t in enumerate(outputs)]
-    node = onnx.helper.make_node(op_type, [v.name for v in ins], [v.name for v in outs])
+    node = onnx.helper.make_node(op_type, [v.name for v in ins], [v.name for v in outs], domain=domain)
     for raw in attrs:
         a = onnx.AttributeProto()
         a.ParseFromString(raw)
         node.attribute.append(a)
     graph = onnx.helper.make_graph([node], "probe", ins, outs)
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    imports = [onnx.helper.make_opsetid("", opset)]
+    if domain not in ("", "ai.onnx"):
+        imports.append(onnx.helper.make_opsetid(domain, 1))
+    model = onnx.helper.make_model(graph, opset_imports=imports)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
@@ -53,17 +56,18 @@ def ort_cpu_loads(node: Node, opset: int) -> bool:
         return False  # omitted optional inputs or unknown types: not probed
     ins = tuple(int(v.dtype) for v in node.inputs)
     outs = tuple(int(o.dtype) for o in node.outputs)
+    domain = node.domain or ""
     try:
         attrs = tuple(attr_to_proto(a).SerializeToString() for a in node.attributes.values())
     except ValueError:
         return False
-    return _loads(node.op_type, opset, ins, outs, attrs)
+    return _loads(domain, node.op_type, opset, ins, outs, attrs)
 
 
 def needs_emulation(node: Node, opset: int) -> bool:
     """CPU policy: every op that rounds (COMPUTE_OPS) computes in float32 behind a low-precision
     interface, so the CPU result rounds like a GPU kernel with float32 accumulation whatever kernels
     ORT has; exact ops stay native unless ORT's CPU EP cannot load them with their current types."""
-    if node.op_type in COMPUTE_OPS:
+    if is_compute(node):
         return True
     return not ort_cpu_loads(node, opset)

@@ -28,6 +28,19 @@ COMPUTE_OPS = {
     "ReduceL1": (0,), "ReduceL2": (0,), "ReduceLogSum": (0,), "ReduceLogSumExp": (0,),
 }
 
+# ONNX Runtime contrib ops (domain com.microsoft) that ``fuse`` + ``lower-onnxruntime`` emit, with
+# fp16 kernels in ORT's CUDA EP (contrib_ops/cuda); normalizations accumulate in float32 inside.
+CONTRIB_COMPUTE_OPS = {
+    "SkipLayerNormalization": ALL, "SkipSimplifiedLayerNormalization": ALL,
+    "SimplifiedLayerNormalization": ALL, "BiasGelu": ALL, "FastGelu": ALL, "Gelu": ALL,
+    "QuickGelu": ALL, "BiasAdd": ALL, "FusedMatMul": ALL, "FusedConv": ALL,
+}
+
+# Outputs that follow T when an op has others of a fixed type (LayerNormalization-17's Mean and
+# InvStdDev are float32 with the default stash_type; the contrib norms' mean / inv_std_var likewise).
+TYPED_OUTPUTS = {"LayerNormalization": (0,), "SkipLayerNormalization": (0, 3),
+                 "SkipSimplifiedLayerNormalization": (0, 3), "SimplifiedLayerNormalization": (0,)}
+
 # Ops whose result is exact in any float type once their inputs are rounded (data movement,
 # selection, sign): they "follow" their producers instead of being searched (no rounding of their own).
 EXACT_OPS = {
@@ -47,14 +60,20 @@ ADDING_REDUCTIONS = frozenset({"ReduceMean", "ReduceSum", "ReduceProd", "ReduceS
                                "ReduceL2", "ReduceLogSum", "ReduceLogSumExp"})
 
 _STANDARD = ("", "ai.onnx")
+CONTRIB = "com.microsoft"
 
 
 def typed_inputs(node: Node) -> Optional[Tuple[int, ...]]:
     """Input indices of ``node`` that follow its float type T, or None when the op has no
     low-precision form here (unknown op, custom domain, subgraphs)."""
-    if node.domain not in _STANDARD or node.subgraphs():
+    if node.subgraphs():
         return None
-    table = COMPUTE_OPS if node.op_type in COMPUTE_OPS else EXACT_OPS
+    if node.domain == CONTRIB:
+        table = CONTRIB_COMPUTE_OPS
+    elif node.domain in _STANDARD:
+        table = COMPUTE_OPS if node.op_type in COMPUTE_OPS else EXACT_OPS
+    else:
+        return None
     if node.op_type not in table:
         return None
     slots = table[node.op_type]
@@ -62,6 +81,19 @@ def typed_inputs(node: Node) -> Optional[Tuple[int, ...]]:
         exponent = node.inputs[1] if len(node.inputs) > 1 else None
         return (0, 1) if exponent is not None and exponent.dtype == DataType.FLOAT else (0,)
     return tuple(range(len(node.inputs))) if slots is ALL else slots
+
+
+def typed_outputs(node: Node) -> Tuple[int, ...]:
+    """Output indices of ``node`` that follow its float type T (all, except for :data:`TYPED_OUTPUTS`)."""
+    slots = TYPED_OUTPUTS.get(node.op_type, tuple(range(len(node.outputs))))
+    return tuple(i for i in slots if i < len(node.outputs))
+
+
+def is_compute(node: Node) -> bool:
+    """Whether ``node`` is an op that rounds (standard COMPUTE_OPS or a contrib op listed here)."""
+    if node.domain == CONTRIB:
+        return node.op_type in CONTRIB_COMPUTE_OPS
+    return node.domain in _STANDARD and node.op_type in COMPUTE_OPS
 
 
 def float_inputs(node: Node) -> Tuple[int, ...]:
@@ -90,4 +122,4 @@ def convertible(node: Node) -> bool:
     typed = [node.inputs[i] for i in slots if i < len(node.inputs) and node.inputs[i] is not None]
     if not typed or any(v.dtype != DataType.FLOAT for v in typed):
         return False
-    return all(o.dtype == DataType.FLOAT for o in node.outputs)
+    return all(node.outputs[i].dtype == DataType.FLOAT for i in typed_outputs(node))

@@ -161,3 +161,48 @@ def test_keep_io_false_with_a_float32_node_on_the_input():
     assert got.dtype == np.float16
     want = np.exp(x.astype(np.float32)).astype(np.float16).astype(np.float32) * x.astype(np.float32)
     assert np.allclose(got.astype(np.float32), want, rtol=1e-3)
+
+
+def test_after_fuse_the_fused_norm_runs_in_fp16():
+    from amp_graphs import layernorm_model
+
+    proto = layernorm_model()
+    model = from_onnx(proto)
+    result = PassManager(build_pipeline("cleanup,fuse,amp{dtype=fp16,samples=1}", "a100"),
+                         verify_each=True).run(model)
+    stats = next(r.stats for r in result.records if r.name == "mixed-precision")
+    ops = {(e["op"], e["precision"]) for e in stats["nodes"]}
+    assert ops == {("LayerNormalization", "fp16"), ("MatMul", "fp16")}, ops
+    out = to_onnx(model)
+    x = (np.random.default_rng(4).standard_normal((2, 64)) * 300).astype(np.float32)
+    x[0, 0] = 800.0  # LayerNormalization keeps its statistics in float32 (stash_type=1)
+    got, want = run_onnxruntime(out, {"x": x})["y"], run_onnxruntime(proto, {"x": x})["y"]
+    assert np.isfinite(got).all() and np.abs(got - want).max() <= 5e-3 * np.abs(want).max()
+    assert [n.op_type for n in out.graph.node].count("Cast") == 2  # in and out, nothing between
+
+
+def test_onnxruntime_contrib_norm_runs_in_fp16_with_its_float_outputs_kept():
+    proto = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+    skip (float[2,8,32] x, float[2,8,32] s) => (float[2,8,32] y, float[2,8,1] mean)
+         <float[2,8,32] n, float[2,8,1] inv, float[2,8,32] total>
+    {
+      h = MatMul(x, w)
+      n, mean, inv, total = com.microsoft.SkipLayerNormalization <epsilon=1e-5> (h, s, gamma, beta)
+      y = MatMul(n, w)
+    }
+    """)
+    rng = np.random.default_rng(5)
+    for name, arr in (("w", rng.standard_normal((32, 32)) / 6), ("gamma", 1 + 0.1 * rng.standard_normal(32)),
+                      ("beta", 0.1 * rng.standard_normal(32))):
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(arr.astype(np.float32), name))
+    out, stats = _run_amp(proto, "amp{dtype=fp16,measure=false}", "a100")
+    assert [(e["op"], e["precision"]) for e in stats["nodes"]] == [
+        ("MatMul", "fp16"), ("SkipLayerNormalization", "fp16"), ("MatMul", "fp16")]
+    skip_node = next(n for n in out.graph.node if n.op_type == "SkipLayerNormalization")
+    assert list(skip_node.output[1:3]) == ["mean", "inv"]  # float32 statistics outputs not retyped
+    feed = {"x": rng.standard_normal((2, 8, 32)).astype(np.float32),
+            "s": rng.standard_normal((2, 8, 32)).astype(np.float32)}
+    got, want = run_onnxruntime(out, feed), run_onnxruntime(proto, feed)
+    assert got["mean"].dtype == np.float32
+    assert np.abs(got["y"] - want["y"]).max() <= 5e-3 * np.abs(want["y"]).max()
