@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 
 from passctl.ir import Value
-from passctl.passes.attention.layout import dims, same_dim
+from passctl.passes.attention.layout import dims, same_dim, shape_tokens
 from passctl.passes.rewrite import constant_value
 
 # Ops through which a factor of the mask stays a factor (a conjunction of conditions, an additive
@@ -76,12 +76,54 @@ def _is_lower_triangle(arr: np.ndarray) -> bool:
 
 
 def _axis_of(v: Value) -> Optional[int]:
-    """-1 when ``v`` varies only along the last axis, -2 when only along the one before."""
+    """-1 when ``v`` varies only along the last axis, -2 when only along the one before: from its
+    static shape, else by following the Unsqueeze chain from the Range (legacy exports)."""
     d = dims(v)
-    if d is None or len(d) < 2:
+    if d is not None and len(d) >= 2 and all(isinstance(t, int) or t[0] == "sym" for t in d):
+        varying = [i - len(d) for i, t in enumerate(d) if t != 1]
+        return varying[0] if len(varying) == 1 else None
+    return _unsqueezed_axis(v)
+
+
+def _unsqueezed_axis(v: Value, depth: int = 0) -> Optional[int]:
+    """The (negative) axis a Range's values lie on after a chain of Unsqueeze / Cast nodes."""
+    n = v.producer
+    if n is None or depth > 8:
         return None
-    varying = [i - len(d) for i, t in enumerate(d) if t != 1]
-    return varying[0] if len(varying) == 1 else None
+    if n.op_type == "Range":
+        return -1
+    if n.op_type == "Cast":
+        return _unsqueezed_axis(n.inputs[0], depth + 1)
+    if n.op_type != "Unsqueeze":
+        return None
+    inner = _unsqueezed_axis(n.inputs[0], depth + 1)
+    axes = constant_value(n.inputs[1]) if len(n.inputs) > 1 else n.attr("axes")
+    if inner is None or axes is None:
+        return None
+    axes = [int(a) for a in np.asarray(axes).reshape(-1)]
+    inner_rank = _unsqueezed_rank(n.inputs[0])
+    if inner_rank is None:
+        return None
+    out_rank = inner_rank + len(axes)
+    axes = sorted(a % out_rank for a in axes)
+    pos = inner % inner_rank  # position among the input's axes
+    kept = [i for i in range(out_rank) if i not in axes]
+    return kept[pos] - out_rank
+
+
+def _unsqueezed_rank(v: Value, depth: int = 0) -> Optional[int]:
+    n = v.producer
+    if n is None or depth > 8:
+        return None
+    if n.op_type == "Range":
+        return 1
+    if n.op_type == "Cast":
+        return _unsqueezed_rank(n.inputs[0], depth + 1)
+    if n.op_type == "Unsqueeze":
+        axes = constant_value(n.inputs[1]) if len(n.inputs) > 1 else n.attr("axes")
+        inner = _unsqueezed_rank(n.inputs[0], depth + 1)
+        return None if inner is None or axes is None else inner + int(np.asarray(axes).size)
+    return None
 
 
 def _range_of(v: Value, depth: int = 0) -> Optional[Value]:
@@ -115,6 +157,12 @@ def _same_range(a: Value, b: Value) -> bool:
     ca, cb = constant_value(la), constant_value(lb)
     if ca is not None and cb is not None:
         return int(ca) == int(cb)
+    # Limits computed from shapes (Cast(Gather(Shape(x), i))): the same named or static size.
+    ta, tb = shape_tokens(la), shape_tokens(lb)
+    if ta is not None and tb is not None and len(ta) == 1 and len(tb) == 1:
+        named = isinstance(ta[0], int) or ta[0][0] == "sym"
+        if named and same_dim(ta[0], tb[0]):
+            return True
     # Same static or same named length (an unnamed dim proves nothing).
     ta, tb = dims(ra), dims(rb)
     if ta is None or tb is None or len(ta) != 1 or len(tb) != 1:
