@@ -22,7 +22,10 @@ COMPUTE_OPS = {
     # contractions and normalizations
     "MatMul": ALL, "Gemm": ALL, "Conv": ALL, "ConvTranspose": ALL, "BatchNormalization": ALL,
     "InstanceNormalization": ALL, "LayerNormalization": ALL, "AveragePool": ALL,
-    "GlobalAveragePool": ALL, "Softmax": ALL, "LogSoftmax": ALL,
+    "GlobalAveragePool": ALL, "Softmax": ALL, "LogSoftmax": ALL, "RMSNormalization": ALL,
+    # ONNX Runtime registers SimplifiedLayerNormalization (RMSNorm) in the default domain; its
+    # statistics stay float32 (stash_type=1), as LayerNormalization's
+    "SimplifiedLayerNormalization": ALL,
     # reductions that add (ReduceMax/Min are exact, below)
     "ReduceMean": (0,), "ReduceSum": (0,), "ReduceProd": (0,), "ReduceSumSquare": (0,),
     "ReduceL1": (0,), "ReduceL2": (0,), "ReduceLogSum": (0,), "ReduceLogSumExp": (0,),
@@ -31,8 +34,7 @@ COMPUTE_OPS = {
 # ONNX Runtime contrib ops (domain com.microsoft) that ``fuse`` + ``lower-onnxruntime`` emit, with
 # fp16 kernels in ORT's CUDA EP (contrib_ops/cuda); normalizations accumulate in float32 inside.
 CONTRIB_COMPUTE_OPS = {
-    "SkipLayerNormalization": ALL, "SkipSimplifiedLayerNormalization": ALL,
-    "SimplifiedLayerNormalization": ALL, "BiasGelu": ALL, "FastGelu": ALL, "Gelu": ALL,
+    "SkipLayerNormalization": ALL, "SkipSimplifiedLayerNormalization": ALL, "BiasGelu": ALL, "FastGelu": ALL, "Gelu": ALL,
     "QuickGelu": ALL, "BiasAdd": ALL, "FusedMatMul": ALL, "FusedConv": ALL,
 }
 
