@@ -62,3 +62,21 @@ def test_summary_ratios_and_headroom_taken(bench):
     # taken = (10 - 8) / (10 * 0.25) = 80%; ort-transformers was not run: n/a.
     assert cells == ["toy", "12.00", "10.00", "9.00", "n/a", "8.00", "onnxslim", "1.125x", "1.000x",
                      "25.0%", "10.0%", "80%"]
+
+
+def test_fused_kernel_cases_compute_what_they_replace():
+    """Each fused graph of benchmarks/ort_fused_kernels.py equals its unfused graph (no ORT rewrites)."""
+    from passctl.tools.check import compare, run_onnxruntime
+
+    spec = importlib.util.spec_from_file_location("ort_fused_kernels", _PATH.parent / "ort_fused_kernels.py")
+    kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernels)
+    all_cases = kernels.cases()
+    assert len(all_cases) == 5
+    rng = np.random.default_rng(0)
+    for name, (unfused, fused, inputs) in all_cases.items():
+        feeds = {k: rng.standard_normal(s).astype(np.float32) for k, s in inputs}
+        result = compare(run_onnxruntime(unfused, feeds), run_onnxruntime(fused, feeds))
+        assert result.ok(1e-5), (name, result.failures(1e-5))
+    rows = kernels.measure(runs=2)
+    assert len(rows) == 2 + 2 * len(all_cases) and all(r.count("|") == 7 for r in rows)
