@@ -11,6 +11,7 @@ from passctl.passes.attention.canonical import OP_TYPE
 from passctl.passes.attention.layout import head_split_roles, dims
 from passctl.passes.fusion.canonical import MS_DOMAIN
 from passctl.passes.fusion.lowering import LowerContext, register_lowering
+from passctl.passes.rewrite import constant_value
 
 ATTENTION_OPSET = 23
 """First default-domain opset with the ``Attention`` op."""
@@ -127,7 +128,10 @@ def attention23(ctx: LowerContext, node: Node) -> Optional[Value]:
     scale, kind, causal, _, _, precision, nan_zero = _attrs(node)
     ins = [q, k, v] + ([_rows_expanded(ctx, mask, mask, q)] if mask is not None and kind != "none"
                        else [])
-    y = ctx.b.op("Attention", *ins, scale=scale, is_causal=causal,
+    # NOTE: is_causal only without a mask: with one the flag is a hint, and a kernel's -inf causal
+    # mask differs from a finite fill (finfo.min) in fully masked rows (uniform over all keys vs the
+    # earlier ones).
+    y = ctx.b.op("Attention", *ins, scale=scale, is_causal=causal if len(ins) == 3 else 0,
                  softmax_precision=1 if precision == 1 else None)
     ctx.form = f"{OP_TYPE}->Attention-23"
     return _nan_to_zero(ctx, y) if nan_zero else y
@@ -144,6 +148,76 @@ def _to_bsd(ctx: LowerContext, x: Value, heads: int, head_size: Optional[int]) -
     hidden = heads * head_size if isinstance(head_size, int) else -1
     return ctx.b.op("Reshape", ctx.b.op("Transpose", x, perm=[0, 2, 1, 3]),
                     _i64(ctx, [0, 0, hidden], "attn_bsd"))
+
+
+def _bias(ctx: LowerContext, node: Node) -> Optional[Value]:
+    """The mask as an additive float bias ``[B|1, 1|H, S, T]`` (a boolean mask becomes 0 / -inf)."""
+    q, mask, kind = node.inputs[0], _mask(node), node.attr("mask_kind", "none")
+    if kind == "none" or mask is None:
+        return None
+    bias = mask
+    if kind == "boolean":
+        dtype = _np_dtype(q)
+        bias = ctx.b.op("Where", mask, ctx.const(np.array(0, dtype=dtype), "attn_zero"),
+                        ctx.const(np.array(-np.inf, dtype=dtype), "attn_neg_inf"))
+    return _rows_expanded(ctx, bias, mask, q)
+
+
+def _minus_inf_filled(mask: Optional[Value]) -> bool:
+    """Whether an additive mask is ``Where(cond, 0, -inf)`` (possibly expanded or cast): its masked
+    entries are -inf, as a kernel's own causal mask."""
+    for _ in range(4):
+        n = mask.producer if mask is not None else None
+        if n is None:
+            return False
+        if n.op_type in ("Expand", "Cast", "Reshape", "Unsqueeze"):
+            mask = n.inputs[0]
+            continue
+        if n.op_type != "Where":
+            return False
+        keep, fill = constant_value(n.inputs[1]), constant_value(n.inputs[2])
+        return keep is not None and fill is not None and bool(np.all(keep == 0)) and bool(
+            np.all(np.isneginf(fill)))
+    return False
+
+
+def group_query_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
+    """``com.microsoft.GroupQueryAttention`` for causal grouped-query attention (ONNX Runtime
+    ContribOperators.md; run here on ORT 1.32's CPU provider): 3-D ``query [B, S, H * D]``,
+    ``key`` / ``value [B, S, Hkv * D]`` without repeating KV heads, no KV cache (``seqlens_k`` =
+    S - 1 for every batch row, ``total_sequence_length`` = S), the mask as ``attention_bias``. The
+    kernel is always causal, which the fusion's ``is_causal`` proves the mask holds; fully masked
+    rows give 0 (measured), as ``nan_to_zero`` wants. None unless causal, KV heads < Q heads, V's
+    head size equals Q's, and the mask is boolean or ``Where(cond, 0, -inf)`` (with a finite fill a
+    fully masked row averages all keys, the kernel's causal -inf only the earlier ones)."""
+    q, k, v = node.inputs[:3]
+    scale, kind, causal, heads, kv_heads, _, nan_zero = _attrs(node)
+    qd, vd = dims(q), dims(v)
+    if not causal or kv_heads == heads or qd is None or vd is None:
+        return None
+    if kind == "additive" and not _minus_inf_filled(_mask(node)):
+        return None  # a finite fill: fully masked rows would differ (see attention23's NOTE)
+    head_size = qd[3] if isinstance(qd[3], int) else None
+    if head_size is None or vd[3] != head_size:
+        return None
+    b = ctx.b
+    q3, k3, v3 = (_to_bsd(ctx, x, h, head_size) for x, h in ((q, heads), (k, kv_heads), (v, kv_heads)))
+    shape = b.op("Shape", q)
+    seq = b.op("Slice", shape, _i64(ctx, [2], "attn_2"), _i64(ctx, [3], "attn_3"))
+    batch = b.op("Slice", shape, _i64(ctx, [0], "attn_0"), _i64(ctx, [1], "attn_1"))
+    total = b.op("Cast", b.op("Reshape", seq, _i64(ctx, [], "attn_scalar")), to=6)
+    last = b.op("Cast", b.op("Sub", seq, _i64(ctx, [1], "attn_one")), to=6)
+    seqlens = b.op("Expand", last, batch)
+    ins = [q3, k3, v3, None, None, seqlens, total, None, None, None, _bias(ctx, node)]
+    while ins[-1] is None:
+        ins.pop()
+    y, _, _ = b.op("GroupQueryAttention", *ins, domain=MS_DOMAIN, outputs=3, num_heads=heads,
+                   kv_num_heads=kv_heads, scale=scale)
+    if nan_zero:
+        y = _nan_to_zero(ctx, y)
+    ctx.form = f"{OP_TYPE}->com.microsoft::GroupQueryAttention"
+    return b.op("Transpose", b.op("Reshape", y, _i64(ctx, [0, 0, heads, -1], "attn_bshd")),
+                perm=[0, 2, 1, 3])
 
 
 def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
@@ -164,13 +238,7 @@ def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     k3 = _to_bsd(ctx, repeat_kv(ctx, k, n_rep, heads, head_size), heads, head_size)
     v3 = _to_bsd(ctx, repeat_kv(ctx, v, n_rep, heads, head_size), heads, head_size)
     q3 = _to_bsd(ctx, q, heads, head_size)
-    bias = None
-    if kind != "none" and mask is not None:
-        bias = mask
-        if kind == "boolean":
-            bias = b.op("Where", mask, ctx.const(np.array(0, dtype=dtype), "attn_zero"),
-                        ctx.const(np.array(-np.inf, dtype=dtype), "attn_neg_inf"))
-        bias = _rows_expanded(ctx, bias, mask, q)
+    bias = _bias(ctx, node)
     ins = [q3, k3, v3, None, None, bias]
     while ins[-1] is None:
         ins.pop()
@@ -186,11 +254,13 @@ def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     return b.op("Transpose", y4, perm=[0, 2, 1, 3])
 
 
-# NOTE: the first function that returns a value wins: Attention-23 only exists from opset 23; MHA
-# needs equal Q/V head sizes; decomposed always works (opset >= 13).
-for _fn in (attention23, multi_head_attention, decomposed):
+# NOTE: the first function that returns a value wins: Attention-23 only exists from opset 23;
+# GroupQueryAttention takes causal grouped-query attention without repeating KV heads; MHA needs
+# equal Q/V head sizes; decomposed always works (opset >= 13).
+for _fn in (attention23, group_query_attention, multi_head_attention, decomposed):
     register_lowering("onnxruntime", OP_TYPE, _fn)
 for _fn in (attention23, decomposed):
     register_lowering("standard", OP_TYPE, _fn)
 
-__all__ = ["ATTENTION_OPSET", "attention23", "decomposed", "multi_head_attention", "repeat_kv"]
+__all__ = ["ATTENTION_OPSET", "attention23", "decomposed", "group_query_attention",
+           "multi_head_attention", "repeat_kv"]

@@ -50,6 +50,7 @@ FUSING = {
     "mqa-4-1": dict(kv_heads=1),
     "causal-trilu": dict(causal=True),
     "causal+bool+gqa": dict(causal=True, mask="bool", kv_heads=2),
+    "causal+gqa": dict(causal=True, kv_heads=2),
 }
 
 
@@ -65,7 +66,10 @@ def test_fuses_and_lowers_exactly(case, lowering):
     got = ops(out)
     assert "passctl" not in {o.domain for o in out.opset_import}
     if lowering == "lower-onnxruntime":
-        assert "com.microsoft::MultiHeadAttention" in got and "Softmax" not in got
+        # causal grouped-query attention with a -inf mask -> GroupQueryAttention, else MHA
+        kernel = ("GroupQueryAttention" if FUSING[case].get("causal") and FUSING[case].get("kv_heads")
+                  else "MultiHeadAttention")
+        assert f"com.microsoft::{kernel}" in got and "Softmax" not in got, got
     else:
         assert got.count("Softmax") == 1
     assert_same(proto, out)
