@@ -3,7 +3,7 @@
 import numpy as np
 import onnx.parser
 import pytest
-from helpers import emit_tvm, rel_err, run_ort, run_tvm
+from tvm_helpers import emit_tvm, rel_err, run_ort, run_tvm
 
 from passctl.ir import from_onnx, to_onnx
 from passctl.ir.errors import UserError

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from helpers import rel_err, run_ort
+from tvm_helpers import rel_err, run_ort
 from onnx import TensorProto, helper, numpy_helper
 
 RNG = np.random.default_rng(5)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from helpers import emit_tvm, ir, rel_err, run_ort, run_tvm
+from tvm_helpers import emit_tvm, ir, rel_err, run_ort, run_tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from passctl.ir.errors import UserError

@@ -6,7 +6,7 @@ SmolLM2-135M at sequence 32 ~60 s (most of it writing and reading 540 MB of weig
 
 import numpy as np
 import pytest
-from helpers import rel_err
+from tvm_helpers import rel_err
 
 from passctl.ir import load, to_onnx
 from passctl.passes.manager import PassManager
@@ -51,7 +51,7 @@ def test_tvm_artifact_matches_onnxruntime_artifact(model_id, tmp_path):
 
     tvm_model = load(path)
     text = "cleanup,fuse" + (f',lower-tvm{{dims="{_dims_text(dims)}"}}' if dims else ",lower-tvm")
-    PassManager(build_pipeline(text, "tvm")).run(tvm_model)
+    PassManager(build_pipeline(text, "cpu", "tvm")).run(tvm_model)
     info = TvmEmitter(self_check=False).emit(tvm_model, get_target("cpu"), str(tmp_path / "tvm"))
     assert info["files"] == ["manifest.json", "model.params", "model.so"]
 
