@@ -14,7 +14,7 @@ def attention_model(heads: int = 4, kv_heads: Optional[int] = None, head_size: i
                     batch: int = 2, scale: Optional[float] = None, scale_form: str = "div-after",
                     mask: str = "none", k_layout: str = "bhtd", softmax_axis: int = -1,
                     mask_after_softmax: bool = False, causal: bool = False, opset: int = 17,
-                    seed: int = 0) -> onnx.ModelProto:
+                    seed: int = 0, triangle_upper: int = 0) -> onnx.ModelProto:
     """One attention layer: ``x [B, S, hidden]`` -> Q, K, V projections, heads split, attention,
     heads merged; output ``y [B, S, heads * head_size]``.
 
@@ -29,7 +29,8 @@ def attention_model(heads: int = 4, kv_heads: Optional[int] = None, head_size: i
             0,2,3,1): correct), ``bhtd-0231`` (Transpose(K_bhtd, 0,2,3,1): wrong, needs heads == seq).
         softmax_axis: Softmax's axis attribute.
         mask_after_softmax: add the float mask to the probabilities instead of the scores.
-        causal: a Trilu lower-triangle keep-mask built from the scores' shape, through Where.
+        causal: a Trilu lower-triangle keep-mask built from the input's length, through Where.
+        triangle_upper: Trilu's ``upper`` (1 gives the anti-causal upper triangle: not causal).
     """
     rng = np.random.default_rng(seed)
     kv_heads = kv_heads or heads
@@ -91,7 +92,7 @@ def attention_model(heads: int = 4, kv_heads: Optional[int] = None, head_size: i
                   helper.make_node("Concat", ["slen", "slen"], ["ss"], axis=0),
                   helper.make_node("ConstantOfShape", ["ss"], ["ones"],
                                    value=numpy_helper.from_array(np.ones(1, dtype=np.bool_))),
-                  helper.make_node("Trilu", ["ones"], ["tril"], upper=0)]
+                  helper.make_node("Trilu", ["ones"], ["tril"], upper=triangle_upper)]
         if keep is not None:
             nodes.append(helper.make_node("And", [keep, "tril"], ["keep_causal"]))
         keep = "keep_causal" if keep is not None else "tril"

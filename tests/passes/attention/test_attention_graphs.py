@@ -172,3 +172,12 @@ def test_fp16_attention_through_multi_head_attention():
     ref = run_onnxruntime(proto, inputs)["y"].astype(np.float32)
     got = run_onnxruntime(out, inputs)["y"].astype(np.float32)
     assert np.abs(ref - got).max() <= 2e-3 * np.abs(ref).max()  # fp16 rounding
+
+
+def test_upper_triangle_mask_is_not_marked_causal():
+    # Trilu(upper=1) keeps keys j >= i: a valid mask (it fuses, exactly), but not causal.
+    proto = attention_model(causal=True, triangle_upper=1)
+    stats, out = run(proto, "infer-shapes,fuse-attention,lower-onnxruntime,dce")
+    fuse = stats["fuse-attention"]
+    assert fuse["attention"] == 1 and fuse["causal"] == 0
+    assert_same(proto, out)
