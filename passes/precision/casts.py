@@ -98,7 +98,10 @@ class _Writer:
         return new
 
     def up_at_runtime(self, value: Value) -> Value:
-        """A Cast of ``value`` to float32 (never folded: emulation keeps the weight stored low)."""
+        """A Cast of ``value`` to float32; for a constant a Cast node too, never a folded float32 copy
+        (emulation keeps the weight stored in the low type)."""
+        if constant_tensor(value) is None:  # a computed value: share the Cast other consumers use
+            return self.convert(value, DataType.FLOAT)
         if value in self.runtime_up:
             return self.runtime_up[value]
         node = _cast_node(self.graph, value, DataType.FLOAT, "amp_emulate_in")
@@ -179,7 +182,13 @@ def apply_precision(model: Model, low_nodes: Iterable[Node], low: DataType,
 
 
 def _fix_outputs(graph: Graph, low: DataType, keep_io: bool, w: _Writer) -> None:
+    """Give each graph output its interface type through a Cast that takes the output's name (an
+    existing Cast of the same value to that type is reused, so no two Casts compute the same)."""
+    done: Dict[Value, Value] = {}
     for i, v in enumerate(list(graph.outputs)):
+        if v in done:  # the same value listed twice as an output
+            graph.outputs[i] = done[v]
+            continue
         if v.dtype not in (DataType.FLOAT, low) or v.is_graph_input():
             continue
         want = DataType.FLOAT if keep_io else low
@@ -187,14 +196,17 @@ def _fix_outputs(graph: Graph, low: DataType, keep_io: bool, w: _Writer) -> None
             continue
         if keep_io and v.producer is None:
             continue
-        node = _cast_node(graph, v, want, "amp_output_cast")
-        _insert_after_producer(graph, v, node)
-        w.stats["casts_inserted"] += 1
-        out = node.outputs[0]
+        out = w.converted.get((v, int(want)))
+        if out is None or out.producer is None:  # no Cast to reuse: a new one
+            node = _cast_node(graph, v, want, "amp_output_cast")
+            _insert_after_producer(graph, v, node)
+            w.stats["casts_inserted"] += 1
+            out = node.outputs[0]
+            w.converted[(v, int(want))] = out
         name = v.name
         v.name = graph.fresh_name(f"{name}_{v.dtype.short_name}")
         out.name = name
-        graph.outputs[i] = out
+        graph.outputs[i] = done[v] = out
 
 
 def _emulate(graph: Graph, node: Node, slots: Tuple[int, ...], w: _Writer) -> None:
