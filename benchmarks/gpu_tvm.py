@@ -1,5 +1,6 @@
 """BERT-base on one GPU: TVM's default pipeline on the raw ONNX export vs passctl (cleanup,fuse) -> TVM,
-next to torch eager and sdpa attention; batch 8, seq 128 fp32 and seq 512 fp16.
+next to torch eager and sdpa attention; batch 8, seq 128 fp32 and seq 512 fp16. Also passctl
+``cleanup,fuse,flash-attn`` -> TVM (passctl::Attention through passes/attention/tvm_relax.py).
 
 Run on the H200 machine (see ../shared/GPU.md: TVM from /tmp/tvmsite):
 
@@ -8,7 +9,9 @@ Run on the H200 machine (see ../shared/GPU.md: TVM from /tmp/tvmsite):
 The script exports BERT-base itself (transformers ``BertModel(BertConfig())``, random weights plus
 N(0, 0.02) noise so no norm is the identity, legacy ONNX exporter, opset 17, static shapes), so no
 file travels. Each variant runs in its own try/except and prints its error instead of stopping the
-run. Timing: CUDA events around ``--runs`` calls after ``--warmup`` calls (TVM calls end with a device
+run; each TVM variant runs in a child process of this script (TVM 0.27 can segfault while building:
+DLight's fp16 tensorization did so when cross-compiling BERT fp16 for sm_90 here), with a
+``CHILD_TIMEOUT_S`` limit. Timing: CUDA events around ``--runs`` calls after ``--warmup`` calls (TVM calls end with a device
 sync before the end event); the median of ``--repeats`` such windows, in ms per call. Numerics: max
 relative error (max |a - b| / max |ref|) of last_hidden_state against torch eager fp32. The table comes
 last; ratios are against TVM's default pipeline on the raw export (higher = faster than it), or,
@@ -141,14 +144,15 @@ def cleaned_export(onnx_path) -> str:
     from passctl.passes.pipeline_text import build_pipeline
 
     model = load(onnx_path)
-    PassManager(build_pipeline("cleanup,lower-tvm", "tvm")).run(model)
+    PassManager(build_pipeline("cleanup,lower-tvm", "h200", "tvm")).run(model)
     out = onnx_path[:-5] + ".cleaned.onnx"
     save(model, out)
     return out
 
 
-def tvm_passctl(onnx_path, feeds, profile):
-    """passctl ``cleanup,fuse`` (TVM form) + ``lower-tvm`` -> the TVM emitter for ``profile``."""
+def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse"):
+    """passctl ``pipeline`` (aliases in their TVM form) + ``lower-tvm`` -> the TVM emitter for
+    ``profile``."""
     from passctl.ir import load
     from passctl.passes.manager import PassManager
     from passctl.passes.pipeline_text import build_pipeline
@@ -157,7 +161,7 @@ def tvm_passctl(onnx_path, feeds, profile):
 
     t0 = time.perf_counter()
     model = load(onnx_path)
-    PassManager(build_pipeline("cleanup,fuse,lower-tvm", "tvm")).run(model)
+    PassManager(build_pipeline(pipeline + ",lower-tvm", profile, "tvm")).run(model)
     out = tempfile.mkdtemp(prefix="passctl-tvm-") + "/artifact"
     TvmEmitter().emit(model, get_target(profile), out)
     compile_s = time.perf_counter() - t0
@@ -171,6 +175,64 @@ def tvm_passctl(onnx_path, feeds, profile):
     return call, art.device.sync, next(iter(result.values())), compile_s
 
 
+TVM_VARIANTS = ("tvm default", "tvm default (cleaned)", "passctl -> tvm",
+                "passctl +flash-attn -> tvm")
+CHILD_TIMEOUT_S = 240
+
+
+def run_tvm_variant(name: str, path: str, feeds, arch: str, profile: str):
+    """Build and load one TVM variant; returns ``(call, sync, output, compile seconds)``."""
+    if name == "tvm default":
+        return tvm_default(path, feeds, arch)
+    if name == "tvm default (cleaned)":
+        return tvm_default(cleaned_export(path), feeds, arch)
+    if name == "passctl -> tvm":
+        return tvm_passctl(path, feeds, profile)
+    return tvm_passctl(path, feeds, profile, "cleanup,fuse,flash-attn")
+
+
+def child(args) -> int:
+    """One TVM variant in this (child) process; prints one ``RESULT {json}`` line last. TVM 0.27 can
+    crash the process (a segfault inside DLight's fp16 tensorization), so the parent isolates it."""
+    import json
+
+    import torch  # noqa: F401  (CUDA events)
+
+    _import_passctl()
+    work = os.path.dirname(args.child_onnx)
+    feeds = dict(np.load(os.path.join(work, "feeds.npz")))
+    ref = np.load(os.path.join(work, "ref32.npy"))
+    call, sync, out, compile_s = run_tvm_variant(args.child, args.child_onnx, feeds, args.arch,
+                                                 args.profile)
+    ms = cuda_time(call, sync, args.runs, args.warmup, args.repeats)
+    print("RESULT " + json.dumps({"ms": ms, "err": rel(out, ref), "compile_s": compile_s}),
+          flush=True)
+    return 0
+
+
+def isolated(name: str, path: str, args, arch: str):
+    """Run TVM variant ``name`` in a child process; returns ``(ms, err, compile_s, note)``."""
+    import json
+    import subprocess
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-onnx", path,
+           "--arch", arch, "--profile", args.profile, "--runs", str(args.runs), "--warmup",
+           str(args.warmup), "--repeats", str(args.repeats)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return float("nan"), float("nan"), float("nan"), f"timed out after {CHILD_TIMEOUT_S} s"
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if r.returncode == 0 and lines:
+        d = json.loads(lines[-1][len("RESULT "):])
+        return d["ms"], d["err"], d["compile_s"], ""
+    tail = [ln for ln in (r.stderr or "").strip().splitlines() if ln.strip()]
+    print(f"--- {name} stderr (last lines) ---\n" + "\n".join(tail[-12:]), flush=True)
+    why = "crashed (signal %d)" % -r.returncode if r.returncode < 0 else f"exit {r.returncode}"
+    last = next((ln for ln in reversed(tail) if "Error" in ln or "error" in ln), tail[-1] if tail else "")
+    return float("nan"), float("nan"), float("nan"), f"{why}: {last.strip()[:90]}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
@@ -178,7 +240,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", default="h200", help="passctl target profile (sm from it)")
     parser.add_argument("--configs", default="128:fp32,512:fp16")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-onnx", help=argparse.SUPPRESS)
+    parser.add_argument("--arch", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        return child(args)
 
     import torch
 
@@ -221,39 +288,36 @@ def main() -> int:
             ref32 = model.float()(**tfeeds).last_hidden_state.float().cpu().numpy()
             if fp16:
                 model = model.half()
-        results = {}
-        for name in ("torch eager", "torch sdpa", "tvm default", "tvm default (cleaned)",
-                     "passctl -> tvm"):
+        np.savez(os.path.join(work, "feeds.npz"), **feeds)
+        np.save(os.path.join(work, "ref32.npy"), ref32)
+        for name in ("torch eager", "torch sdpa") + TVM_VARIANTS:
+            if name in TVM_VARIANTS:
+                ms, err, compile_s, note = isolated(name, path, args, arch)
+                rows.append((label, name, ms, err, compile_s, note))
+                print(f"{label} {name}: {ms:.3f} ms, rel err {err:.2e}, compile {compile_s:.1f} s "
+                      f"{note}", flush=True)
+                continue
             try:
-                if name.startswith("torch"):
-                    impl = "sdpa" if "sdpa" in name else "eager"
-                    if hasattr(model, "set_attn_implementation"):
-                        model.set_attn_implementation(impl)
-                    else:
-                        model.config._attn_implementation = impl
-
-                    def call(m=model):
-                        with torch.no_grad():
-                            return m(**tfeeds).last_hidden_state
-                    out, sync, compile_s = call().float().cpu().numpy(), torch.cuda.synchronize, 0.0
-                elif name == "tvm default":
-                    call, sync, out, compile_s = tvm_default(path, feeds, arch)
-                elif name == "tvm default (cleaned)":
-                    call, sync, out, compile_s = tvm_default(cleaned_export(path), feeds, arch)
+                impl = "sdpa" if "sdpa" in name else "eager"
+                if hasattr(model, "set_attn_implementation"):
+                    model.set_attn_implementation(impl)
                 else:
-                    call, sync, out, compile_s = tvm_passctl(path, feeds, args.profile)
-                ms = cuda_time(call, sync, args.runs, args.warmup, args.repeats)
-                results[name] = ms
-                rows.append((label, name, ms, rel(out, ref32), compile_s, ""))
-                print(f"{label} {name}: {ms:.3f} ms, rel err {rel(out, ref32):.2e}, "
-                      f"compile {compile_s:.1f} s", flush=True)
+                    model.config._attn_implementation = impl
+
+                def call(m=model):
+                    with torch.no_grad():
+                        return m(**tfeeds).last_hidden_state
+                out = call().float().cpu().numpy()
+                ms = cuda_time(call, torch.cuda.synchronize, args.runs, args.warmup, args.repeats)
+                rows.append((label, name, ms, rel(out, ref32), 0.0, ""))
+                print(f"{label} {name}: {ms:.3f} ms, rel err {rel(out, ref32):.2e}", flush=True)
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 msg = (str(e).strip().splitlines() or [type(e).__name__])[-1]
                 rows.append((label, name, float("nan"), float("nan"), float("nan"), msg[:100]))
                 print(f"{label} {name}: FAILED {type(e).__name__}: {msg}", flush=True)
     print()
-    print(f"| config | variant | ms / call | vs tvm default | rel err vs torch fp32 | compile s | note |")
+    print("| config | variant | ms / call | vs tvm default | rel err vs torch fp32 | compile s | note |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     base = {}  # the raw export's TVM default, else the cleaned export's when the raw one failed
     for label, name, ms, err, comp, note in rows:

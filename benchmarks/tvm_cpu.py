@@ -124,7 +124,7 @@ def run_passctl_tvm(path: str, dims: Dict[str, int], feeds) -> Tuple[Callable, n
     model = load(path)
     dims_text = ",".join(f"{k}={v}" for k, v in dims.items())
     text = "cleanup,fuse," + (f'lower-tvm{{dims="{dims_text}"}}' if dims else "lower-tvm")
-    PassManager(build_pipeline(text, "tvm")).run(model)
+    PassManager(build_pipeline(text, "cpu", "tvm")).run(model)
     folder = os.path.join(tempfile.mkdtemp(prefix="tvm-cpu-"), "artifact")
     TvmEmitter(self_check=False).emit(model, get_target("cpu"), folder)
     art = load_artifact(folder)
@@ -146,7 +146,8 @@ def cleaned(path: str, dims: Dict[str, int]) -> str:
 
     model = load(path)
     dims_text = ",".join(f"{k}={v}" for k, v in dims.items())
-    PassManager(build_pipeline(f'cleanup,lower-tvm{{dims="{dims_text}"}}', "tvm")).run(model)
+    text = f'cleanup,lower-tvm{{dims="{dims_text}"}}'
+    PassManager(build_pipeline(text, "cpu", "tvm")).run(model)
     out = os.path.join(tempfile.mkdtemp(prefix="tvm-cpu-"), "cleaned.onnx")
     save(model, out)
     return out
