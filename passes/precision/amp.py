@@ -182,6 +182,12 @@ class MixedPrecision(Pass):
         o = self.options
         nodes = list(model.graph)
         feeds = calibration_inputs(model, o.calib, o.samples, o.seed, parse_dims(o.dims))
+        try:
+            reference = run_model(model, feeds)
+        except Exception as e:  # the user's model or feeds, before passctl added anything
+            raise UserError(f"amp: ONNX Runtime cannot run the float32 model on the calibration feeds "
+                            f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); fix the feeds "
+                            "(calib=, dims=) or use measure=false for rules only") from e
         m = measure(model, compute, low, feeds)
         stats["measure_seconds"] = round(m.seconds, 3)
         stats["calibration_feeds"] = len(feeds)
@@ -199,7 +205,6 @@ class MixedPrecision(Pass):
         own = m.max_rel if o.metric == "max-rel" else m.mean_rel
         suffer = m.input_max_rel if o.metric == "max-rel" else m.input_mean_rel
         key = _propagate(nodes, set(candidates), own, suffer)
-        reference = run_model(model, feeds)
         cache: WeightCache = {}
 
         def evaluate_low(low_compute: Sequence[int]) -> float:

@@ -122,3 +122,11 @@ def test_run_model_with_external_data_for_large_weights(monkeypatch):
     embedded = sensitivity.run_model(model, feeds)
     monkeypatch.setattr(sensitivity, "EMBED_LIMIT", 0)
     assert np.array_equal(sensitivity.run_model(model, feeds)[0]["y"], embedded[0]["y"])
+
+
+def test_feeds_the_model_cannot_run_are_a_user_error(tmp_path):
+    np.savez(tmp_path / "bad.npz", x=np.zeros(63, np.float32))  # the model declares x: [64]
+    model = from_onnx(cancellation_model())
+    passes = build_pipeline(f"amp{{calib={tmp_path}}}", "cpu")
+    with pytest.raises(UserError, match="cannot run the float32 model on the calibration feeds"):
+        PassManager(passes).run(model)
