@@ -38,21 +38,51 @@ def cpu_pipeline(target, schedule: bool = True):
     return _pipeline
 
 
-def gpu_pipeline(target):
+def gpu_pipeline(target, tensorize: bool = True):
     """TVM's CUDA default pipeline: FuseOps/FuseTIR then DLight default GPU schedules (Matmul,
     GEMV, Reduction, GeneralReduction, Fallback). The apache-tvm 0.27 wheel is built without cuBLAS
-    and cuDNN (``tvm.support.libinfo()``), so no library dispatch is added."""
-    import_tvm()
+    and cuDNN (``tvm.support.libinfo()``), so no library dispatch is added.
+
+    Args:
+        tensorize: let DLight's Matmul rule use tensor cores (WMMA) for fp16 / int8 matmuls. False
+            marks every kernel ``dlight.do_not_tensorize`` first: TVM 0.27's WMMA tensorization
+            segfaulted on fp16 matmuls when cross-compiling here (sm_75 to sm_90, no GPU present).
+    """
+    tvm = import_tvm()
     from tvm import relax
 
-    return relax.get_default_pipeline(target)
+    if tensorize:
+        return relax.get_default_pipeline(target)
+    from tvm.relax.backend.cuda import pipeline as cuda
+    from tvm.s_tir import dlight as dl
+
+    legalize = [p for p in cuda.legalize_passes(target) if not isinstance(p, dl.ApplyDefaultSchedule)]
+
+    @tvm.transform.module_pass(opt_level=0, name="passctl_no_tensorize")
+    def _mark(mod, _ctx):
+        for gv, func in list(mod.functions_items()):
+            if isinstance(func, tvm.tirx.PrimFunc):
+                mod[gv] = func.with_attr("dlight.do_not_tensorize", True)
+        return mod
+
+    schedule = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                       dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+    passes = (cuda.library_dispatch_passes(target) + legalize + [_mark, schedule]
+              + cuda.dataflow_lower_passes(target) + cuda.finalize_passes(target))
+
+    @tvm.transform.module_pass(opt_level=0, name="passctl_cuda_pipeline")
+    def _pipeline(mod, _ctx):
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline
 
 
 TRANSFORM_PARAMS = "main_transform_params"
 """The function LiftTransformParams adds: weights in, weights in the kernels' layout out."""
 
 
-def compile_module(mod, target, schedule: bool = True):
+def compile_module(mod, target, schedule: bool = True, tensorize: bool = True):
     """``tvm.compile`` ``mod`` for ``target`` (a ``tvm.target.Target``) with passctl's pipeline.
 
     For llvm with ``schedule``, convolutions are first converted to NHWC / HWIO
@@ -79,7 +109,7 @@ def compile_module(mod, target, schedule: bool = True):
             transform = TRANSFORM_PARAMS if TRANSFORM_PARAMS in names else None
         pipeline = cpu_pipeline(target, schedule=schedule)
     else:
-        pipeline = gpu_pipeline(target)
+        pipeline = gpu_pipeline(target, tensorize=tensorize)
     return tvm.compile(mod, target=target, relax_pipeline=pipeline), transform
 
 

@@ -85,13 +85,16 @@ class TvmEmitter(Emitter):
     Args:
         schedule: apply passctl's CPU schedules (llvm only; False gives TVM's unscheduled kernels).
         self_check: run the CPU artifact against ONNX Runtime after writing it.
+        tensorize: CUDA only: tensor-core (WMMA) schedules for fp16 matmuls (see
+            :func:`passctl.targets.tvm.build.gpu_pipeline`).
     """
 
     name = "tvm"
 
-    def __init__(self, schedule: bool = True, self_check: bool = True):
+    def __init__(self, schedule: bool = True, self_check: bool = True, tensorize: bool = True):
         self.schedule = schedule
         self.self_check = self_check
+        self.tensorize = tensorize
 
     def write(self, model: Model, target: TargetProfile, folder: str) -> Dict[str, Any]:
         """Write the artifact into ``folder`` (see :meth:`Emitter.write`).
@@ -113,7 +116,8 @@ class TvmEmitter(Emitter):
         t1 = time.perf_counter()
         from passctl.targets.tvm.build import compile_module
 
-        executable, transform = compile_module(mod, tgt, schedule=self.schedule)
+        executable, transform = compile_module(mod, tgt, schedule=self.schedule,
+                                               tensorize=self.tensorize)
         t2 = time.perf_counter()
         executable.export_library(os.path.join(folder, LIBRARY_FILE))
         main = mod["main"]
@@ -135,6 +139,7 @@ class TvmEmitter(Emitter):
             "tvm_version": tvm.__version__,
             "cpu_schedules": bool(self.schedule and not target.is_gpu),
             "transform_params": transform,
+            "tensor_cores": bool(target.is_gpu and self.tensorize),
         }
         with open(os.path.join(folder, MANIFEST_FILE), "w") as f:
             json.dump(manifest, f, indent=2)
