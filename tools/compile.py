@@ -250,12 +250,21 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     """The numeric check's report entry: inputs used, per-output errors, worst errors, ``ok``.
 
     Uses :mod:`passctl.tools.check` (ONNX Runtime, graph optimizations off, on both models) on
-    seeded inputs from ``make_inputs``; an output passes when ``OutputDiff.ok(rtol, atol)``.
+    seeded inputs from ``make_inputs``; an output passes when ``OutputDiff.ok(rtol, atol)``. A TVM
+    artifact's folder (``candidate``'s folder holds its manifest) runs in ``tvm.runtime`` on inputs
+    of the static shapes in its manifest.
     """
+    from passctl.targets.tvm.runtime import is_tvm_artifact, load_artifact, read_manifest
     from passctl.tools.check import compare, make_inputs, run_onnxruntime
 
+    folder = os.path.dirname(candidate)
+    tvm = is_tvm_artifact(folder)
+    if tvm:  # a TVM artifact has static input shapes: the check uses them (H12, additive)
+        dims = dict(dims, **{f"{i['name']}[{axis}]": int(n) for i in read_manifest(folder)["inputs"]
+                             for axis, n in enumerate(i["shape"])})
     inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
-    result = compare(run_onnxruntime(reference, inputs), run_onnxruntime(candidate, inputs))
+    got = load_artifact(folder).run(inputs) if tvm else run_onnxruntime(candidate, inputs)
+    result = compare(run_onnxruntime(reference, inputs), got)
     entry = result.to_dict(args.rtol)
     for diff, item in zip(result.outputs.values(), entry["outputs"]):
         item["ok"] = diff.ok(args.rtol, args.atol)

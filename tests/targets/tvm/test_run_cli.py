@@ -77,3 +77,18 @@ def test_run_errors_are_one_line(artifacts, tmp_path):
     np.savez(tmp_path / "bad.npz", x=np.zeros((2, 24), np.float32))
     r = _passctl("run", tmp / "tvm", "--inputs", tmp_path / "bad.npz")
     assert r.returncode == 2 and "built for [3, 24]" in r.stderr
+
+
+def test_compile_check_runs_the_tvm_artifact(artifacts, tmp_path):
+    """--check with --emit tvm runs the TVM library (on its static input shapes) against the original."""
+    import json
+
+    tmp, _, _ = artifacts
+    out = tmp_path / "checked"
+    r = _passctl(tmp / "m.onnx", "-p", 'cleanup,lower-tvm{dims="batch=3"}', "--emit", "tvm",
+                 "--check", "-o", out, "-q")
+    assert r.returncode == 0, r.stderr
+    check = json.loads((out / "report.json").read_text())["check"]
+    assert check["ok"] is True
+    assert check["inputs"] == [{"name": "x", "shape": [3, 24], "dtype": "float32"}]
+    assert check["max_rel"] < 1e-5
