@@ -10,9 +10,11 @@ The script exports BERT-base itself (transformers ``BertModel(BertConfig())``, r
 N(0, 0.02) noise so no norm is the identity, legacy ONNX exporter, opset 17, static shapes), so no
 file travels. Each variant runs in its own try/except and prints its error instead of stopping the
 run; each TVM variant runs in a child process of this script (TVM 0.27 can segfault while building:
-DLight's fp16 tensorization did so when cross-compiling BERT fp16 for sm_90 here), with a
-``CHILD_TIMEOUT_S`` limit. Timing: CUDA events around ``--runs`` calls after ``--warmup`` calls (TVM calls end with a device
-sync before the end event); the median of ``--repeats`` such windows, in ms per call. Numerics: max
+DLight's fp16 tensorization did so when cross-compiling BERT fp16 for sm_90 here; a crashed passctl
+variant is retried without tensor cores), with a ``CHILD_TIMEOUT_S`` limit and the whole run kept
+within ``--budget-s`` (the GPU machine takes 600 s per command). Timing: CUDA events around ``--runs``
+calls after ``--warmup`` calls (TVM calls end with a device sync before the end event); the median
+of ``--repeats`` such windows, in ms per call. Numerics: max
 relative error (max |a - b| / max |ref|) of last_hidden_state against torch eager fp32. The table comes
 last; ratios are against TVM's default pipeline on the raw export (higher = faster than it), or,
 when TVM's frontend cannot import the raw export (TVM 0.27 fails on BERT's scalar ConstantOfShape),
