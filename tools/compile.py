@@ -120,18 +120,65 @@ def write_crash_folder(root: Optional[str], argv: List[str], error: BaseExceptio
     return folder
 
 
+def _artifact_files(folder: str) -> Optional[set]:
+    """Names a passctl artifact in ``folder`` owns (``None``: no passctl ``report.json`` there)."""
+    import json
+
+    from passctl.tools.report import REPORT_FILE
+
+    try:
+        with open(os.path.join(folder, REPORT_FILE)) as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or report.get("schema") != REPORT_SCHEMA:
+        return None
+    artifact = report.get("artifact") if isinstance(report.get("artifact"), dict) else {}
+    files = artifact.get("files") if isinstance(artifact.get("files"), list) else []
+    return {REPORT_FILE, *(str(f) for f in files)}
+
+
 def _check_output_path(out: str, model_path: str) -> None:
-    """Refuse, before any work, an output that is a file or a folder holding the input model.
+    """Refuse, before any work, an output that would destroy something that is not an artifact.
+
+    ``-o`` replaces the whole folder, so it must be new, empty, or a passctl artifact (a
+    ``report.json`` of the passctl report schema and only the files that report lists).
 
     Raises:
-        UserError: ``out`` is an existing file, or replacing it would delete the input model.
+        UserError: ``out`` is an existing file, is below a file, holds the input model, is the
+            current folder, one of its ancestors or the home folder, or is a non-empty folder that
+            is not a passctl artifact.
     """
+    shown = out
+    out = os.path.abspath(out)
     if os.path.isfile(out):
-        raise UserError(f"output '{out}' is a file; give a folder path with -o")
+        raise UserError(f"output '{shown}' is a file; give a folder path with -o")
+    parent = os.path.dirname(out)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent) if os.path.dirname(parent) != parent else ""
+    if parent and not os.path.isdir(parent):
+        raise UserError(f"output '{shown}': '{parent}' is a file, not a folder; choose another -o")
     real_out, real_model = os.path.realpath(out), os.path.realpath(model_path)
     if os.path.commonpath([real_out, real_model]) == real_out:
-        raise UserError(f"output folder '{out}' contains the input model '{model_path}' and would "
+        raise UserError(f"output folder '{shown}' contains the input model '{model_path}' and would "
                         "replace it; choose another -o")
+    cwd, home = os.path.realpath(os.getcwd()), os.path.realpath(os.path.expanduser("~"))
+    if os.path.commonpath([real_out, cwd]) == real_out or real_out == home:
+        what = "the home folder" if real_out == home else "the current folder or one above it"
+        raise UserError(f"output folder '{shown}' is {what} and -o replaces the whole folder; "
+                        "choose a new or empty -o")
+    if os.path.isdir(out):
+        names = sorted(os.listdir(out))
+        known = _artifact_files(out)
+        unknown = [n for n in names if known is None
+                   or (n not in known and not n.startswith("model.onnx"))]
+        if unknown:
+            listed = ", ".join(unknown[:3]) + (", ..." if len(unknown) > 3 else "")
+            raise UserError(f"output folder '{shown}' exists and is not a passctl artifact (holds "
+                            f"{listed}); choose a new or empty -o")
+    if parent and not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"output '{shown}': cannot write in '{parent}' (permission denied); "
+                        "choose a writable -o")
 
 
 def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
@@ -162,7 +209,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         progress.update("loading the model")
         model, path = load_model(args.model)
         out = os.path.abspath(args.out or default_out(path))
-        _check_output_path(out, path)
+        _check_output_path(args.out or default_out(path), path)
         hist_before, nodes_before = op_histogram(model), count_nodes(model.graph)
         reference = _reference_model(model, path, work)
         progress.update("loaded", advance=1)
