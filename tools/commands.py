@@ -26,16 +26,58 @@ def load_plugins(files: Sequence[str]) -> List[dict]:
     return [{"file": os.path.abspath(path), "passes": load_plugin_file(path)} for path in files]
 
 
+def _model_files(path: str) -> List[str]:
+    """Real paths of the model file and every file it references (ONNX external data, the
+    ``@raw``/``@onnx`` files of IR text): what ``show --weights`` must never replace."""
+    import os
+    import re
+
+    from passctl.tools.model_source import IR_TEXT_SUFFIX
+
+    folder, refs = os.path.dirname(os.path.abspath(path)), []
+    try:
+        if path.endswith(IR_TEXT_SUFFIX):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                refs = re.findall(r'@(?:raw|onnx)\(\s*"((?:[^"\\]|\\.)*)"', f.read())
+        else:
+            import onnx
+
+            proto = onnx.load(path, load_external_data=False)
+            from onnx.external_data_helper import _get_all_tensors
+
+            for t in _get_all_tensors(proto):
+                refs += [e.value for e in t.external_data if e.key == "location"]
+    except Exception:  # the model loaded already; a reference we cannot list is not fatal
+        logger.debug("could not list the files %s references", path, exc_info=True)
+    return [os.path.realpath(path)] + [os.path.realpath(os.path.join(folder, r)) for r in refs]
+
+
 def show(model_spec: str, weights: Optional[str] = None) -> None:
     """Print ``model_spec`` as IR text on stdout (plain text: no wrapping, no markup).
 
     Large weights are referenced (to the source model's data, or to ``weights`` when given) so
     that the printed text parses back with ``passctl.ir.parser.parse_model``.
+
+    Raises:
+        UserError: the model does not load; ``weights`` is the model itself, one of its data
+            files, a folder, or cannot be written.
     """
+    import os
+
     from passctl.ir.printer import print_model
 
-    model, _ = load_model(model_spec)
-    text = print_model(model, weights_path=weights)
+    model, path = load_model(model_spec)
+    if weights is not None:
+        if os.path.isdir(weights):
+            raise UserError(f"--weights '{weights}' is a folder; give a file path")
+        if os.path.realpath(weights) in _model_files(path):
+            raise UserError(f"--weights '{weights}' is the input model or one of its data files "
+                            "and would be overwritten; choose a new file")
+    try:
+        text = print_model(model, weights_path=weights)
+    except OSError as e:
+        raise UserError(f"--weights '{weights}': cannot write it ({e.strerror or e}); choose a "
+                        "writable file path") from e
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     sys.stdout.flush()
 
