@@ -110,13 +110,18 @@ class PassManager:
             ``before_pass(pass_, model, index)``, ``after_pass(pass_, model, record)``,
             ``on_failure(pass_, model, error, index)`` and ``on_end(model, result)``
             (see :mod:`passctl.passes.instruments`).
+        final_dce: when the pipeline modified the model and its last pass is not ``dce``, run
+            ``dce`` once more at the end (recorded like any other pass), so that values a late
+            pass replaced (e.g. the weights ``fuse-conv-bn`` folded) do not stay as unused
+            initializers in the artifact.
     """
 
     default_verify_each: ClassVar[bool] = False
 
     def __init__(self, passes: Sequence[Union[Pass, FixpointGroup]], verify_each: bool = False,
-                 instruments: Sequence[Any] = ()):
+                 instruments: Sequence[Any] = (), final_dce: bool = False):
         self.passes = list(passes)
+        self.final_dce = bool(final_dce)
         self.verify_each = bool(verify_each) or PassManager.default_verify_each
         self.instruments = list(instruments)
 
@@ -153,6 +158,12 @@ class PassManager:
                 self._run_fixpoint(item, model, result)
             else:
                 self._run_one(item, model, result, None)
+        flat = self.flat_passes()
+        if (self.final_dce and flat and flat[-1].name != "dce"
+                and any(r.modified for r in result.records)):
+            from passctl.passes.registry import get_pass
+
+            self._run_one(get_pass("dce")(), model, result, None)
         self._hook("on_end", model, result)
         return result
 

@@ -202,7 +202,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     emitter = get_emitter(args.emit or target.default_emitter)
     passes = build_pipeline(args.pipeline, target.name, emitter.name)
     dims, overrides = parse_dims(args.dim), load_input_file(args.inputs)
-    steps = 1 + len(passes) + 1 + int(args.check)  # load, passes, emit, check
+    steps = 1 + len(passes) + 1 + 1 + int(args.check)  # load, passes, final dce, emit, check
 
     with DelayedProgress(console, total=steps) as progress, \
             tempfile.TemporaryDirectory(prefix="passctl-") as work:
@@ -217,7 +217,8 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
 
         instruments = build_instruments(args, reference, dims, overrides) + [
             _ProgressInstrument(progress)]
-        manager = PassManager(passes, verify_each=args.verify_each, instruments=instruments)
+        manager = PassManager(passes, verify_each=args.verify_each, instruments=instruments,
+                              final_dce=True)
         try:
             result = manager.run(model)
         except PassFailure as e:
@@ -228,6 +229,13 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             raise InternalError(str(e), write_crash_folder(args.reproducer_dir, argv, e,
                                                             model)) from e
         t_passes = time.perf_counter()
+        ran = list(passes)
+        flat = manager.flat_passes()
+        if result.records and result.records[-1].name == "dce" and (
+                not flat or flat[-1].name != "dce"):  # the manager's final dce
+            from passctl.passes.registry import get_pass
+
+            ran.append(get_pass("dce")())
 
         report: Dict[str, Any] = {
             "schema": REPORT_SCHEMA,
@@ -236,8 +244,8 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             "target": target.to_dict(),
             "emitter": emitter.name,
             "plugins": plugins,
-            "pipeline": {"text": args.pipeline, "as_run": format_pipeline(passes),
-                         "passes": [p.name for p in passes]},
+            "pipeline": {"text": args.pipeline, "as_run": format_pipeline(ran),
+                         "passes": [p.name for p in ran]},
             "passes": [{"index": r.index, "name": r.name, "time_ms": round(r.time_ms, 3),
                         "modified": r.modified, "stats": r.stats, "round": r.round}
                        for r in result.records],

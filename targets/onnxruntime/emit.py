@@ -88,6 +88,7 @@ def create_session(folder: str, providers: Optional[Sequence[str]] = None):
     with open(os.path.join(folder, SESSION_FILE)) as f:
         cfg = json.load(f)
     so = ort.SessionOptions()
+    so.log_severity_level = 3  # errors only: warnings are not the user's business at run time
     level = cfg["graph_optimization_level"]
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     so.intra_op_num_threads = int(cfg["intra_op_num_threads"])

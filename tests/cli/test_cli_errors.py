@@ -142,8 +142,8 @@ def test_plugin_pass_that_raises_exits_3_with_reproducer(cli, conv_bn_model, tmp
 
 def test_success_replaces_existing_output_and_leaves_input(cli, conv_bn_model, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "stale.txt").write_text("old")
+    assert cli(conv_bn_model, "--pipeline", "fuse-conv-bn", "-o", out, "-q").rc == 0
+    (out / "model.onnx.data").write_text("stale weights of an older artifact")
     digest = sha256(conv_bn_model)
     r = cli(conv_bn_model, "--pipeline", "cleanup", "-o", out, "-q")
     assert r.rc == 0, r.err
