@@ -28,8 +28,9 @@ ARITY = "arity"  # input/output count, or a missing required input, against the 
 ATTRIBUTE = "attribute"  # unknown, missing required, or wrong-kind attribute
 TYPE = "type"  # an input element type outside the schema's type constraint
 OUTPUT_TYPE = "output-type"  # declared graph-output type disagrees with shape inference (warning)
+UNKNOWN_OP = "unknown-op"  # an op the default ONNX domain does not define at the model's opset
 KINDS = (SSA, DUPLICATE_NAME, USE_BEFORE_DEF, DANGLING_USE, USE_LIST, UNDEFINED_OUTPUT,
-         SUBGRAPH_SCOPE, ARITY, ATTRIBUTE, TYPE, OUTPUT_TYPE)
+         SUBGRAPH_SCOPE, ARITY, ATTRIBUTE, TYPE, OUTPUT_TYPE, UNKNOWN_OP)
 
 
 @dataclass
@@ -113,8 +114,9 @@ def verify(model_or_graph: Union[Model, Graph], check_output_types: bool = True,
     Checks, each reported with its own ``kind`` (see :data:`KINDS`): SSA and duplicate value names;
     use before definition; dangling uses; use lists against the nodes' inputs; graph outputs
     defined; subgraph scoping; arity, attributes and input types against the ONNX op schemas
-    (``onnx.defs.get_schema`` at the model's opset for the node's domain; unknown domains and ops,
-    i.e. custom ops, are not checked); model-local function bodies. With ``check_output_types``
+    (``onnx.defs.get_schema`` at the model's opset for the node's domain; an op the default ONNX
+    domain does not define at that opset is an ``unknown-op`` error; ops of other domains, i.e.
+    custom ops, are not checked); model-local function bodies. With ``check_output_types``
     (models only), each declared graph-output type is compared with what ONNX shape inference
     computes from the exported model (``onnx.shape_inference``, then ONNX Runtime's symbolic shape
     inference where ONNX's leaves a shape unknown); a disagreement is a WARNING. That check exports
@@ -278,6 +280,8 @@ class _GraphChecker:
             return
         schema = _schema(node.op_type, version, domain)
         if schema is None:
+            if domain == "":
+                self.error(UNKNOWN_OP, _unknown_op_message(node, version), node)
             return
         from passctl.ir.verifier_schema import check_node_against_schema
 
@@ -295,6 +299,22 @@ class _GraphChecker:
             if name not in known:
                 self.error(ATTRIBUTE, f"{node!r} has attribute '{name}', which function "
                            f"'{fn.domain}::{fn.name}' does not declare", node, name)
+
+
+def _unknown_op_message(node: Node, version: int) -> str:
+    """Why the default ONNX domain has no ``node.op_type`` at opset ``version``, and what to do."""
+    if onnx.defs.has(node.op_type):
+        since = min(s.since_version for s in onnx.defs.get_all_schemas_with_history()
+                    if s.name == node.op_type and s.domain == "")
+        return (f"{node!r}: op '{node.op_type}' exists in ONNX only from opset {since}, the model "
+                f"imports opset {version}; raise the model's opset or use another op")
+    import difflib
+
+    names = sorted({s.name for s in onnx.defs.get_all_schemas() if s.domain == ""})
+    close = difflib.get_close_matches(node.op_type, names, n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return (f"{node!r}: op '{node.op_type}' is not an ONNX op (default domain, opset {version}); "
+            f"{hint}a custom op needs its own domain")
 
 
 @functools.lru_cache(maxsize=4096)

@@ -181,6 +181,21 @@ def _check_output_path(out: str, model_path: str) -> None:
                         "choose a writable -o")
 
 
+def _verify_input(model, path: str) -> None:
+    """Verify the imported model before any pass (an invalid input is the user's, not a crash).
+
+    Raises:
+        UserError: the verifier finds an error; the message is its first error, naming the node.
+    """
+    from passctl.ir.verifier import verify
+
+    errors = [d for d in verify(model, check_output_types=False) if d.severity == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise UserError(f"{path}: invalid model: {errors[0].kind}: {errors[0].message}{more}; "
+                        f"`passctl verify {path}` lists every problem")
+
+
 def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     """Run ``passctl compile`` for parsed ``args``; return the report that was written.
 
@@ -210,6 +225,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         model, path = load_model(args.model)
         out = os.path.abspath(args.out or default_out(path))
         _check_output_path(args.out or default_out(path), path)
+        _verify_input(model, path)
         hist_before, nodes_before = op_histogram(model), count_nodes(model.graph)
         reference = _reference_model(model, path, work)
         progress.update("loaded", advance=1)

@@ -251,6 +251,26 @@ def test_custom_domain_ops_are_not_errors():
     assert V.verify(Model(g, {"": 21, "com.example": 1}), check_output_types=False) == []
 
 
+def test_unknown_default_domain_op_is_an_error():
+    x = Value("x", f32(2, 3))
+    g = Graph([x], name="main")
+    y = Builder(g).op("Softmaxx", x, name="sm")
+    g.outputs.append(y)
+    d = only(V.verify(Model(g, {"": 21}), check_output_types=False), V.UNKNOWN_OP)
+    assert "op 'Softmaxx' is not an ONNX op" in d.message and "Softmax" in d.message
+    assert_shows_node(d, y.producer)
+
+
+def test_op_newer_than_the_model_opset_is_an_error():
+    x = Value("x", f32(2, 3))
+    g = Graph([x], name="main")
+    y = Builder(g).op("Gelu", x, name="gelu")  # Gelu is in the default domain from opset 20
+    g.outputs.append(y)
+    d = only(V.verify(Model(g, {"": 17}), check_output_types=False), V.UNKNOWN_OP)
+    assert "from opset 20" in d.message and "opset 17" in d.message
+    assert V.verify(Model(g, {"": 20}), check_output_types=False) == []
+
+
 def test_function_bodies_are_verified():
     a = Value("a")
     body = Graph([a], name="f_body")
