@@ -95,14 +95,23 @@ def atomic_output_dir(out: str) -> Iterator[str]:
     parent = os.path.dirname(out)
     try:
         os.makedirs(parent, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"cannot create the output folder '{out}': a part of its path is a file; "
+                        "choose another -o")
     except OSError as e:
-        raise UserError(f"cannot create the output's parent folder '{parent}': {e.strerror}")
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+        raise UserError(f"cannot create the output's parent folder '{parent}': {e.strerror}; "
+                        "choose a writable -o")
+    try:
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    except OSError as e:
+        raise UserError(f"cannot write in the output's parent folder '{parent}': {e.strerror}; "
+                        "choose a writable -o")
     try:
         yield staging
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    _chmod_default(staging)
     old = None
     if os.path.exists(out):
         old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)
@@ -112,6 +121,13 @@ def atomic_output_dir(out: str) -> Iterator[str]:
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     logger.info("wrote %s", out)
+
+
+def _chmod_default(folder: str) -> None:
+    """Give ``folder`` the mode ``mkdir`` would (0777 less the umask): ``mkdtemp`` makes it 0700."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
 
 
 def _registry() -> Dict[str, Emitter]:

@@ -181,6 +181,51 @@ def _check_output_path(out: str, model_path: str) -> None:
                         "choose a writable -o")
 
 
+def _check_writable_folder(folder: str, option: str) -> None:
+    """Create ``folder`` if needed and prove a file can be written in it.
+
+    Raises:
+        UserError: ``folder`` (or a part of its path) is a file, or it cannot be created or
+            written.
+    """
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UserError(f"{option} '{folder}' is a file; give a folder path")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise UserError(f"{option} '{folder}': cannot write there ({e.strerror or e}); choose a "
+                        "writable folder") from e
+
+
+def _check_print_ir_names(args, passes) -> None:
+    """``--print-ir-before/after`` must name passes of the pipeline (or ``all``).
+
+    Raises:
+        UserError: a name matches no pass of the pipeline; the closest names are suggested.
+    """
+    import difflib
+
+    from passctl.passes.manager import FixpointGroup
+
+    names: List[str] = []
+    for item in passes:
+        for p in item.passes if isinstance(item, FixpointGroup) else [item]:
+            if p.name not in names:
+                names.append(p.name)
+    names += [] if "dce" in names else ["dce"]  # the final dce compile may add
+    for option, given in (("--print-ir-before", args.print_ir_before),
+                          ("--print-ir-after", args.print_ir_after)):
+        for name in given:
+            if name == "all" or name in names:
+                continue
+            close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise UserError(f"{option} '{name}' is not a pass of the pipeline: {hint}the pipeline "
+                            f"runs {', '.join(names)} (or give 'all')")
+
+
 def _verify_input(model, path: str) -> None:
     """Verify the imported model before any pass (an invalid input is the user's, not a crash).
 
@@ -231,6 +276,9 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         progress.update("loaded", advance=1)
         t_loaded = time.perf_counter()
 
+        _check_print_ir_names(args, passes)
+        if args.dump_ir:
+            _check_writable_folder(args.dump_ir, "--dump-ir")
         instruments = build_instruments(args, reference, dims, overrides) + [
             _ProgressInstrument(progress)]
         manager = PassManager(passes, verify_each=args.verify_each, instruments=instruments,
