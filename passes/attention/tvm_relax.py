@@ -29,6 +29,43 @@ def _flash_prefill(bb, q, k, v, heads: int, kv_heads: int, causal: bool, scale: 
     return relax.TupleGetItem(bb.normalize(out), 0)
 
 
+def _decomposed(bb, q, k, v, mask, kind: str, attrs: Dict[str, Any], dtype: str):
+    """softmax(Q K^T * scale + bias) V for fp16 / bf16 in BHSD, the scores in float32.
+
+    TVM 0.27 legalizes ``nn.attention`` with ``topi.multiply(scores, scale)`` where ``scale`` is a
+    float32 immediate, so an fp16 attention's kernel returns float32 while Relax typed it fp16 and
+    the next fp16 matmul fails ("Binary operators must have the same datatype"). Here the scores
+    are cast to float32 (scale, bias, causal mask and softmax in float32, as the ONNX Attention
+    spec's softmax_precision=1 does) and the probabilities back to ``dtype`` for the P V matmul.
+    """
+    from tvm import relax
+
+    op = relax.op
+    q, k, v = (bb.normalize(x) for x in (q, k, v))
+    s, t = int(q.ty.shape[2]), int(k.ty.shape[2])
+    scores = op.astype(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), "float32")
+    scores = op.multiply(scores, relax.const(np.float32(attrs["scale"]), "float32"))
+    if mask is not None and kind != "none":
+        if kind == "boolean":
+            bias = op.where(mask, relax.const(np.float32(0), "float32"),
+                            relax.const(np.float32(-np.inf), "float32"))
+        else:
+            bias = op.astype(mask, "float32")
+        rank = len(mask.ty.shape)
+        if rank < 4:
+            bias = op.expand_dims(bias, list(range(4 - rank)))
+        scores = op.add(scores, bias)
+    elif int(attrs.get("is_causal", 0)):  # top-left causal: key j visible to query i when j <= i
+        upper = np.triu(np.full((s, t), -np.inf, np.float32), k=1)
+        scores = op.add(scores, relax.const(upper, "float32"))
+    probs = op.astype(op.nn.softmax(scores, axis=-1), dtype)
+    y = op.matmul(probs, v)
+    if int(attrs.get("nan_to_zero", 0)):
+        y = bb.normalize(y)
+        y = op.where(op.isnan(y), relax.const(np.zeros((), dtype=dtype)), y)
+    return y
+
+
 def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=None):
     """Build Relax ops for one ``passctl::Attention`` (schema: passes/attention/canonical.py).
 
@@ -38,8 +75,9 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=Non
     unit axes, ``is_causal`` without a mask becomes ``causal_mask="TopLeft"`` (with a mask it is a
     hint, and TVM 0.27's legalized kernel gives NaN for bias plus causal_mask), the result is
     permuted back to BHSD
-    and, with ``nan_to_zero``, NaN rows become 0. ``softmax_precision`` is left to Relax (its kernels
-    accumulate fp16 attention in fp32).
+    and, with ``nan_to_zero``, NaN rows become 0. float32 only: other dtypes (when not flash) are
+    decomposed with float32 scores and softmax (:func:`_decomposed`), whatever
+    ``softmax_precision`` says.
 
     With a CUDA ``target``, no mask, fp16/bf16 and equal Q/V head sizes, the BSNH operands go to
     TVM's flash-style prefill kernel instead (:func:`_flash_prefill`; causal and GQA handled there,
@@ -74,6 +112,8 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=Non
     if kv_heads != heads:
         k = op.repeat(k, heads // kv_heads, axis=1)
         v = op.repeat(v, heads // kv_heads, axis=1)
+    if dtype != "float32":
+        return _decomposed(bb, q, k, v, mask, kind, attrs, dtype)
     bias = None
     if mask is not None and kind != "none":
         bias = mask

@@ -113,4 +113,36 @@ def compile_module(mod, target, schedule: bool = True, tensorize: bool = True):
     return tvm.compile(mod, target=target, relax_pipeline=pipeline), transform
 
 
-__all__ = ["compile_module", "cpu_pipeline", "gpu_pipeline"]
+def cuda_source(executable) -> str:
+    """The CUDA C source of a built executable's kernels ("" when it has no CUDA module).
+
+    The codegen's source stays in the module even where this TVM was built without the CUDA
+    runtime (then nothing compiled it): :func:`check_cuda_source` compiles it for the target.
+    """
+    todo, source = [executable.mod], []
+    while todo:
+        mod = todo.pop()
+        todo.extend(mod.imports)
+        if mod.kind == "cuda":
+            source.append(mod.inspect_source(""))
+    return "\n".join(source)
+
+
+def check_cuda_source(source: str, arch: str) -> None:
+    """Compile CUDA ``source`` for ``arch`` (``"sm_90"``) with ``nvcc`` when it is on PATH, else
+    NVRTC (cuda-python), through TVM's own ``tvm.support.nvcc.compile_cuda``.
+
+    Raises:
+        RuntimeError: the compiler's message, with every error line, when the source is rejected.
+    """
+    import shutil
+
+    from tvm.support.nvcc import compile_cuda
+
+    tvm = import_tvm()
+    compiler = "nvcc" if shutil.which("nvcc") else "nvrtc"
+    with tvm.target.Target({"kind": "cuda", "arch": arch}):
+        compile_cuda(source, target_format="cubin", arch=arch, compiler=compiler)
+
+
+__all__ = ["check_cuda_source", "compile_module", "cpu_pipeline", "cuda_source", "gpu_pipeline"]

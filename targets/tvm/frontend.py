@@ -10,6 +10,7 @@ import numpy as np
 
 from passctl.ir import Model, Node
 from passctl.ir.errors import UserError
+from passctl.targets.tvm.names import safe_value_names
 from passctl.targets.tvm.support import import_tvm
 
 logger = logging.getLogger(__name__)
@@ -229,6 +230,8 @@ def to_relax(model: Model, source: str = "model", target=None):
     from passctl.ir import to_onnx
 
     proto = to_onnx(model)
+    renamed = safe_value_names(proto.graph)  # CUDA kernels print buffer names as C identifiers
+    inputs = {renamed.get(k, k): v for k, v in inputs.items()}
     _constants_as_nodes(proto.graph)
     for node in proto.graph.node:
         if node.domain == PASSCTL_DOMAIN:
