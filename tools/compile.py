@@ -181,6 +181,21 @@ def _check_output_path(out: str, model_path: str) -> None:
                         "choose a writable -o")
 
 
+def _check_inputs(reference: str, dims: Dict[str, int], overrides: Dict[str, Any]) -> None:
+    """Check ``--dim`` names and ``--inputs`` arrays against the model's graph inputs up front.
+
+    Raises:
+        UserError: a ``--dim`` name matches no symbolic dimension, or an array names no input or
+            has another dtype, rank or fixed dimension than its input.
+    """
+    from passctl.tools.inputs import check_dim_names, make_inputs
+
+    if dims:
+        check_dim_names(reference, dims)
+    if overrides:
+        make_inputs(reference, dim_values=dims, overrides=overrides)
+
+
 def _check_writable_folder(folder: str, option: str) -> None:
     """Create ``folder`` if needed and prove a file can be written in it.
 
@@ -276,6 +291,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         progress.update("loaded", advance=1)
         t_loaded = time.perf_counter()
 
+        _check_inputs(reference, dims, overrides)
         _check_print_ir_names(args, passes)
         if args.dump_ir:
             _check_writable_folder(args.dump_ir, "--dump-ir")

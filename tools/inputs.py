@@ -114,6 +114,72 @@ def _bind_override(value: onnx.ValueInfoProto, array: np.ndarray, bound: Dict[st
             bound.setdefault(dim.dim_param, int(size))
 
 
+def _declared(value: onnx.ValueInfoProto) -> str:
+    tensor_type = value.type.tensor_type
+    dtype = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+    if not tensor_type.HasField("shape"):
+        return f"{dtype} of any shape"
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+            else (d.dim_param or "?") for d in tensor_type.shape.dim]
+    return f"{dtype} [{', '.join(str(d) for d in dims)}]"
+
+
+def check_override(value: onnx.ValueInfoProto, array: np.ndarray) -> None:
+    """Check a given input array against its graph input's declared element type and shape.
+
+    Dimensions declared with a positive ``dim_value`` must match; symbolic ones take any size.
+
+    Raises:
+        UserError: the dtype, the rank or a fixed dimension differs; names the array and input.
+    """
+    if not value.type.HasField("tensor_type") or not value.type.tensor_type.elem_type:
+        return
+    tensor_type = value.type.tensor_type
+    if tensor_type.elem_type == onnx.TensorProto.STRING:
+        return
+    want = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+    problem = None
+    if array.dtype != want:
+        problem = f"its dtype is {array.dtype}; convert it with .astype(numpy.{want})"
+    elif tensor_type.HasField("shape"):
+        dims = tensor_type.shape.dim
+        if len(dims) != array.ndim:
+            problem = f"it has rank {array.ndim}, the input rank {len(dims)}"
+        else:
+            for axis, (dim, size) in enumerate(zip(dims, array.shape)):
+                if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != size:
+                    problem = f"axis {axis} is {size}, the input declares {dim.dim_value}"
+                    break
+    if problem:
+        raise UserError(f"input array '{value.name}' ({array.dtype} {list(array.shape)}) does not "
+                        f"fit graph input '{value.name}' ({_declared(value)}): {problem}")
+
+
+def check_dim_names(model: Union[onnx.ModelProto, str], dim_values: Mapping[str, int],
+                    option: str = "--dim") -> None:
+    """Every key of ``dim_values`` must name a symbolic dimension or ``<input>[<axis>]``.
+
+    Raises:
+        UserError: a key matches no dimension; lists the dimension names and inputs.
+    """
+    proto = _load_header(model)
+    params, positional = [], []
+    for value in graph_inputs(proto):
+        if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+            continue
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            positional.append(f"{value.name}[{axis}]")
+            if dim.dim_param and dim.dim_param not in _UNNAMED and dim.dim_param not in params:
+                params.append(dim.dim_param)
+    for key in dim_values:
+        if key not in params and key not in positional:
+            known = ", ".join(params + positional) or "none: every input dimension is fixed"
+            raise UserError(f"{option} '{key}' matches no symbolic input dimension of the model "
+                            f"(dimension names and INPUT[AXIS] it accepts: {known})")
+
+
 def _random_array(name: str, dtype: np.dtype, shape: Sequence[int], rng: np.random.Generator) -> np.ndarray:
     """One input array (rules A-F of :func:`make_inputs`)."""
     lowered = name.lower()
@@ -189,11 +255,13 @@ def make_inputs(model: Union[onnx.ModelProto, str], seed: int = 0,
     by_name = {value.name: value for value in inputs}
     unknown = sorted(set(overrides) - set(by_name))
     if unknown:
-        raise UserError(f"overrides name {unknown}, which are not graph inputs of the model "
-                        f"(inputs: {sorted(by_name)}); fix the names")
+        raise UserError(f"input arrays {unknown} name no graph input of the model (its inputs: "
+                        f"{[v.name for v in inputs]}); name each array after a graph input, "
+                        "e.g. numpy.savez(path, **{'input name': array})")
     bound: Dict[str, int] = {}
     converted = {name: np.asarray(array) for name, array in overrides.items()}
     for name, array in converted.items():
+        check_override(by_name[name], array)
         _bind_override(by_name[name], array, bound)
     rng = np.random.default_rng(seed)
     result: Dict[str, np.ndarray] = {}

@@ -100,11 +100,13 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
         UserError: not an artifact, unreadable ``inputs``, ``runs`` < 1, or inputs that do not fit.
     """
     from passctl.tools.compile import load_input_file
-    from passctl.tools.inputs import make_inputs
+    from passctl.tools.inputs import check_dim_names, make_inputs
 
     if runs < 1 or warmup < 0:
         raise UserError(f"--runs must be >= 1 and --warmup >= 0 (got {runs}, {warmup})")
     runner = _Runner(folder)
+    if dims:
+        check_dim_names(runner.header, dims)
     feeds = make_inputs(runner.header, seed=seed, dim_values=dims, overrides=load_input_file(inputs))
     try:
         outputs = runner.run(feeds)
@@ -115,9 +117,21 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
             start = time.perf_counter()
             outputs = runner.run(feeds)
             times.append((time.perf_counter() - start) * 1e3)
-    except (KeyError, ValueError) as e:
-        raise UserError(f"artifact '{folder}': the inputs do not fit: {e}") from e
+    except Exception as e:
+        if not isinstance(e, (KeyError, ValueError)) and not _is_ort_input_error(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"artifact '{folder}': the inputs do not fit: {first}") from e
     return runner.kind, outputs, times
+
+
+def _is_ort_input_error(e: BaseException) -> bool:
+    """True for ONNX Runtime's InvalidArgument (wrong input shape, dtype or name)."""
+    try:
+        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+    except ImportError:
+        return False
+    return isinstance(e, InvalidArgument)
 
 
 def main(args, console) -> int:

@@ -86,7 +86,7 @@ def test_make_inputs_dim_values_and_overrides():
 
 
 def test_make_inputs_errors(tmp_path):
-    with pytest.raises(UserError, match="not graph inputs"):
+    with pytest.raises(UserError, match="name no graph input"):
         make_inputs(_bert_like_inputs_model(), overrides={"input_idz": np.zeros(1)})
     strings = helper.make_graph([helper.make_node("Identity", ["s"], ["t"])], "g",
                                 [helper.make_tensor_value_info("s", TensorProto.STRING, [1])],
