@@ -181,6 +181,25 @@ def _check_output_path(out: str, model_path: str) -> None:
                         "choose a writable -o")
 
 
+def _default_rtol(args, passes, console) -> None:
+    """Set ``args.rtol`` when ``--rtol`` was not given: the amp pass's ``budget`` when the
+    pipeline has amp (``mixed-precision``; its outputs are meant to differ that much), else
+    :data:`passctl.tools.check.DEFAULT_RTOL`. Says so on stderr when it uses the budget."""
+    from passctl.passes.manager import FixpointGroup
+    from passctl.tools.check import DEFAULT_RTOL
+
+    if args.rtol is not None:
+        return
+    args.rtol = DEFAULT_RTOL
+    for item in passes:
+        for p in item.passes if isinstance(item, FixpointGroup) else [item]:
+            if p.name == "mixed-precision":
+                args.rtol = max(DEFAULT_RTOL, float(p.options.budget))
+    if args.rtol != DEFAULT_RTOL and (args.check or args.check_each) and not args.quiet:
+        console.print(f"note: the check accepts rtol {args.rtol:g}, the amp pass's budget "
+                      "(give --rtol to change it)", markup=False, highlight=False)
+
+
 def _check_inputs(reference: str, dims: Dict[str, int], overrides: Dict[str, Any]) -> None:
     """Check ``--dim`` names and ``--inputs`` arrays against the model's graph inputs up front.
 
@@ -277,6 +296,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     emitter = get_emitter(args.emit or target.default_emitter)
     passes = build_pipeline(args.pipeline, target.name, emitter.name)
     dims, overrides = parse_dims(args.dim), load_input_file(args.inputs)
+    _default_rtol(args, passes, console)
     steps = 1 + len(passes) + 1 + 1 + int(args.check)  # load, passes, final dce, emit, check
 
     with DelayedProgress(console, total=steps) as progress, \
@@ -350,9 +370,15 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                           total_s=t_end - start)
             report["timing"] = {k: round(v, 4) for k, v in timing.items()}
             if report["check"] is not None and not report["check"]["ok"]:
-                raise InternalError(f"numeric check failed: {report['check']['failures'][0]} "
-                                    "(report in the reproducer)",
-                                    _check_failure_folder(args, argv, model, report, folder))
+                from passctl.tools.cli import CheckFailed
+
+                failures = report["check"]["failures"]
+                more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+                raise CheckFailed(f"numeric check failed: output {failures[0]}{more}; loosen "
+                                  f"--rtol (now {args.rtol:g}) or --atol, or find the pass "
+                                  "responsible with --check-each; the candidate and report.json "
+                                  "are kept in the reproducer",
+                                  _check_failure_folder(args, argv, model, report, folder))
             write_report(folder, report)
 
         progress.update(f"writing the {emitter.name} artifact")
