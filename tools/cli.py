@@ -1,4 +1,4 @@
-"""The ``passctl`` command line: compile (default), show, verify, explain, list-passes/-targets."""
+"""The ``passctl`` command line: compile (default), show, verify, explain, list-passes/-rules/-targets, run."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from passctl.ir.errors import UserError
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERNAL_ERROR = 0, 2, 3
-SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-targets", "run")
+SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-rules", "list-targets",
+               "run")
 
 
 class InternalError(Exception):
@@ -100,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--load", action="append", default=[], metavar="FILE.py")
     lp = sub.add_parser("list-passes", help="registered passes, groups and their options")
     lp.add_argument("--load", action="append", default=[], metavar="FILE.py")
+    lr = sub.add_parser("list-rules", help="registered rewrite rules and their patterns "
+                        "(names for explain)")
+    lr.add_argument("--load", action="append", default=[], metavar="FILE.py")
     sub.add_parser("list-targets", help="target profiles")
     from passctl.tools import run_artifact
 
@@ -185,6 +189,8 @@ def _dispatch(args, argv: List[str], console) -> int:
         commands.explain(args.rule, args.model, args.load, console)
     elif args.command == "list-passes":
         commands.list_passes(args.load, console)
+    elif args.command == "list-rules":
+        commands.list_rules(args.load, console)
     elif args.command == "list-targets":
         commands.list_targets(console)
     elif args.command == "run":

@@ -1,4 +1,4 @@
-"""The small ``passctl`` subcommands: show, verify, explain, list-passes, list-targets."""
+"""The small ``passctl`` subcommands: show, verify, explain, list-passes, list-rules, list-targets."""
 
 from __future__ import annotations
 
@@ -150,6 +150,25 @@ def list_passes(plugin_files: Sequence[str], console) -> None:
             passes = f"none yet: {str(e).split(': ', 1)[-1]}"
         groups.add_row(alias, passes)
     console.print(groups)
+
+
+def list_rules(plugin_files: Sequence[str], console) -> None:
+    """Print every registered rewrite rule: name, summary and pattern (for ``passctl explain``)."""
+    from rich.table import Table
+
+    from passctl.passes.rewrite.ruleset import list_rules as registered
+
+    load_plugins(plugin_files)
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for col in ("rule", "summary", "pattern"):
+        table.add_column(col)
+    for cls in registered():
+        try:
+            pattern = cls().describe_pattern()
+        except Exception as e:  # a plugin rule that cannot be built still gets listed
+            pattern = f"(pattern unavailable: {type(e).__name__}: {e})"
+        table.add_row(cls.name, cls.summary or "-", pattern)
+    console.print(table)
 
 
 def list_targets(console) -> None:

@@ -32,6 +32,46 @@ class AttrVar:
     check: Optional[Callable[[Any], bool]] = None
     default: Any = None
 
+    def __repr__(self):
+        """``?name``, ``?name=default``, ``?name if <check>`` (a lambda's source, else its name)."""
+        text = f"?{self.name}"
+        if self.default is not None:
+            text += f"={self.default!r}"
+        if self.check is not None:
+            text += f" if {callable_text(self.check)}"
+        return text
+
+
+def callable_text(fn: Callable) -> str:
+    """Readable text of a check function: ``lambda v: v in (None, b"")`` for a lambda (its source
+    when available), else its ``__name__``; used by pattern descriptions."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    if name != "<lambda>":
+        return name
+    import inspect
+
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return "lambda"
+    start = source.find("lambda")
+    if start < 0:
+        return "lambda"
+    depth, end = 0, len(source)
+    for i in range(start, len(source)):
+        ch = source[i]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                end = i
+                break
+            depth -= 1
+        elif ch in ",\n" and depth == 0:
+            end = i
+            break
+    return " ".join(source[start:end].split())
+
 
 class ConstantPattern:
     """Matches a constant (initializer or ``Constant`` node output) equal to ``value`` within

@@ -50,7 +50,7 @@ def get_rule(name: str) -> Type[RewriteRule]:
         return _RULES[name]
     close = difflib.get_close_matches(name, sorted(_RULES), n=3)
     hint = ("did you mean " + " or ".join(f"'{c}'" for c in close) + "?") if close else (
-        f"known rules: {', '.join(sorted(_RULES)) or 'none'}")
+        f"{len(_RULES)} rules are registered; `passctl list-rules` lists them with their patterns")
     raise UserError(f"unknown rewrite rule '{name}'; {hint}")
 
 
