@@ -31,9 +31,39 @@ class CheckFailed(InternalError):
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are UserErrors (one line, exit 2)."""
+    """An ArgumentParser whose usage errors are UserErrors (one line, exit 2).
+
+    Abbreviated options are off (``--chek`` must not silently mean something); an unknown option
+    gets the closest known ones as a suggestion.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _all_options(self) -> List[str]:
+        options = set(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    options |= set(sub._option_string_actions)
+        return sorted(o for o in options if o.startswith("--"))
 
     def error(self, message: str):
+        import difflib
+
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            hints = []
+            for arg in message[len(prefix):].split():
+                if arg.startswith("-"):
+                    close = difflib.get_close_matches(arg.split("=")[0], self._all_options(),
+                                                      n=3, cutoff=0.6)
+                    if close:
+                        hints.append(f"did you mean {' or '.join(close)} for {arg}?")
+            help_cmd = "passctl compile --help" if self.prog == "passctl" else f"{self.prog} --help"
+            raise UserError(f"{message}; {' '.join(hints) + ' ' if hints else ''}"
+                            f"see `{help_cmd}`")
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
