@@ -183,13 +183,20 @@ class DumpIR:
         self._dump(f"{record.index:03d}_{_safe(pass_.name)}", model)
 
 
+def passctl_command() -> List[str]:
+    """The argv prefix that runs this passctl: the running interpreter with ``-m
+    passctl.tools.cli`` (a bare ``passctl`` may be another install, or not on PATH)."""
+    return [sys.executable, "-m", "passctl.tools.cli"]
+
+
 class CrashReproducer:
     """When a pass raises, writes a folder that re-runs that pass on the IR it got.
 
     The folder (``<directory>/<NNN>_<pass>``) holds ``input.onnx`` and ``input.pir`` (+
     ``input.weights`` when it has large new constants; the IR before the failing pass), ``pipeline.txt`` (that pass with its options), ``plugins/`` (copies of
     ``--load`` files defining it), ``error.txt`` and ``reproduce.sh``, which runs
-    ``passctl input.onnx --pipeline <pass> --target <target> --verify-each [--load plugins/F.py] -o OUT``.
+    ``<python> -m passctl.tools.cli input.onnx --pipeline <pass> --target <target> --verify-each
+    [--load plugins/F.py] -o OUT --reproducer-dir <OUT folder>/reproducers`` (``$OUT`` may be set).
     Its path is stored in ``failure.reproducer``.
 
     Costs one structural copy of the model (weights shared) before every pass.
@@ -218,8 +225,8 @@ class CrashReproducer:
         final = self.directory / f"{index:03d}_{_safe(pass_.name)}"
         tmp = Path(tempfile.mkdtemp(prefix=".repro-", dir=self.directory))
         try:
-            args = ["passctl", "input.onnx", "--pipeline", format_pass(pass_), "--target", self.target,
-                    "--verify-each"]
+            args = passctl_command() + ["input.onnx", "--pipeline", format_pass(pass_),
+                                        "--target", self.target, "--verify-each"]
             plugin = _plugin_file(type(pass_))
             if plugin is not None:
                 (tmp / "plugins").mkdir()
@@ -239,7 +246,8 @@ class CrashReproducer:
                       f"# It failed after passes [{', '.join(failure.before)}].\n"
                       'cd "$(dirname "$0")" || exit 1\n'
                       'OUT="${OUT:-$(mktemp -d)/out}"\n'
-                      f'exec {cmd} -o "$OUT" "$@"\n')
+                      f'exec {cmd} -o "$OUT" --reproducer-dir "$(dirname "$OUT")/reproducers" '
+                      '"$@"\n')
             sh = tmp / "reproduce.sh"
             sh.write_text(script)
             sh.chmod(0o755)

@@ -103,7 +103,8 @@ def _add_compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-each", action="store_true",
                    help="after every pass, run it in ONNX Runtime against the original")
     p.add_argument("--reproducer-dir", metavar="DIR",
-                   help="where a crash reproducer goes (default: next to the output folder)")
+                   help="where a crash reproducer goes (default: a new passctl-crash-DATE-PID "
+                        "folder under the system temp folder, made only on a crash)")
     p.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
 
 

@@ -94,10 +94,11 @@ def write_crash_folder(root: Optional[str], argv: List[str], error: BaseExceptio
     """A reproducer for a failure outside the passes: the command, traceback and IR (when given).
 
     The folder is ``<root>/compile-XXXX`` (``root``: ``--reproducer-dir``, else a fresh folder under
-    the system temp folder). It holds ``command.sh`` (re-runs the command in the folder it was run
-    from), ``traceback.txt`` and, with ``model``, ``model.pir`` (large constants in
+    the system temp folder). It holds ``command.sh`` (re-runs the command, with the running
+    interpreter, in the folder it was run from), ``traceback.txt`` and, with ``model``, ``model.pir`` (large constants in
     ``model.weights``).
     """
+    from passctl.passes.instruments import passctl_command
     from passctl.tools.instrument_setup import default_reproducer_dir
 
     root = os.path.abspath(root or default_reproducer_dir())
@@ -105,7 +106,7 @@ def write_crash_folder(root: Optional[str], argv: List[str], error: BaseExceptio
     folder = tempfile.mkdtemp(prefix="compile-", dir=root)
     with open(os.path.join(folder, "command.sh"), "w") as f:
         f.write(f"cd {shlex.quote(os.getcwd())} || exit 1\n"
-                "passctl " + " ".join(shlex.quote(a) for a in argv) + "\n")
+                + " ".join(shlex.quote(a) for a in passctl_command() + list(argv)) + "\n")
     with open(os.path.join(folder, "traceback.txt"), "w") as f:
         f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
     if model is not None:

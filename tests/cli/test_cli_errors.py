@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -133,11 +134,13 @@ def test_plugin_pass_that_raises_exits_3_with_reproducer(cli, conv_bn_model, tmp
     assert sha256(conv_bn_model) == digest
     # Running the reproducer fails the same way, with the same exit code.
     venv_bin = Path(sys.executable).parent
+    assert venv_bin.is_dir()  # reproduce.sh runs this interpreter: no passctl on PATH needed
     proc = subprocess.run(["sh", str(folder / "reproduce.sh")], capture_output=True, text=True,
                           timeout=120, env=dict(os.environ, OUT=str(tmp_path / "rerun"),
-                                                PATH=f"{venv_bin}:{os.environ['PATH']}"))
+                                                PATH="/usr/bin:/bin"))
     assert proc.returncode == 3, proc.stderr
     assert "boom in explode" in proc.stderr
+    assert f"reproducer: {tmp_path / 'reproducers'}" in proc.stderr  # not under /tmp
 
 
 def test_success_replaces_existing_output_and_leaves_input(cli, conv_bn_model, tmp_path):
@@ -167,7 +170,10 @@ def test_bug_outside_passes_exits_3_with_traceback_in_reproducer(cli, conv_bn_mo
     assert "passctl: internal error: KeyError: 'simulated bug in op_histogram'" in r.err
     folder = Path(r.err.split("passctl: reproducer: ")[1].strip())
     assert "simulated bug in op_histogram" in (folder / "traceback.txt").read_text()
-    assert str(conv_bn_model) in (folder / "command.sh").read_text()
+    command = (folder / "command.sh").read_text()
+    assert str(conv_bn_model) in command
+    assert f"{shlex.quote(sys.executable)} -m passctl.tools.cli compile " in command or \
+        f"{shlex.quote(sys.executable)} -m passctl.tools.cli {shlex.quote(str(conv_bn_model))}" in command
     assert not out.exists()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import re
 import subprocess
 import sys
@@ -183,17 +184,19 @@ def test_crash_reproducer_folder_and_its_command(tmp_path):
                                run_onnxruntime(proto, feeds)["y"], rtol=1e-6)
     assert "Relu" in (folder / "input.pir").read_text()
     script = (folder / "reproduce.sh").read_text()
-    assert "passctl input.onnx --pipeline raise-on-relu --target cpu --verify-each --load plugins/crashy.py" in script
+    assert (f"{shlex.quote(sys.executable)} -m passctl.tools.cli input.onnx --pipeline raise-on-relu "
+            "--target cpu --verify-each --load plugins/crashy.py") in script
     assert os.access(folder / "reproduce.sh", os.X_OK)
-    # Running it reproduces the crash: the CLI exits 3 naming the same pass and error.
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               OUT=str(tmp_path / "rerun" / "out"))
+    # Running it reproduces the crash: the CLI exits 3 naming the same pass and error. It runs the
+    # same interpreter (no passctl on PATH needed) and keeps its own reproducer next to $OUT.
+    env = dict(os.environ, PATH="/usr/bin:/bin", OUT=str(tmp_path / "rerun" / "out"))
     run = subprocess.run(["sh", str(folder / "reproduce.sh")], capture_output=True, text=True, env=env,
                          timeout=120)
     assert run.returncode == 3, run.stdout + run.stderr
     assert "pass 'raise-on-relu' failed" in run.stdout + run.stderr
     assert "cannot handle Relu" in run.stdout + run.stderr
     assert not (tmp_path / "rerun" / "out").exists()
+    assert f"reproducer: {tmp_path / 'rerun' / 'reproducers'}" in run.stdout + run.stderr
 
 
 def test_dump_ir_text_parses_back_with_its_weights_file(tmp_path):
