@@ -116,7 +116,8 @@ def format_scalars(arr: np.ndarray, dtype: DataType) -> Optional[List[str]]:
     if dtype == DataType.BOOL:
         texts = ["true" if bool(x) else "false" for x in flat]
     elif dtype.is_floating:
-        wide = flat.astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN payloads: checked below
+            wide = flat.astype(np.float64)
         texts = [format_float(x, dtype) for x in wide]
     else:
         wide_int = np.uint64 if dtype == DataType.UINT64 else np.int64

@@ -119,7 +119,11 @@ def _option_text(field: dataclasses.Field) -> str:
         default = repr(field.default_factory())  # type: ignore[misc]
     else:
         default = "required"
-    typ = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", field.type)
+    typ = field.type
+    if isinstance(typ, type):
+        typ = typ.__name__  # int, float, str...
+    elif not isinstance(typ, str):  # typing forms: Optional[bool], Literal['a', 'b']...
+        typ = str(typ).replace("typing.", "")
     help_text = field.metadata.get("help", "") if field.metadata else ""
     return f"{field.name}: {typ} = {default}" + (f"  ({help_text})" if help_text else "")
 
@@ -136,9 +140,12 @@ def list_passes(plugin_files: Sequence[str], console) -> None:
     table.add_column("pass")
     table.add_column("summary")
     table.add_column("options")
+    from rich.markup import escape
+
     for cls in registered():
         options = "\n".join(_option_text(f) for f in cls.option_fields()) or "-"
-        table.add_row(cls.name, cls.summary, options)
+        # escaped: rich would take "[bool]" in "Optional[bool]" for a markup tag and drop it
+        table.add_row(escape(cls.name), escape(cls.summary), escape(options))
     console.print(table)
     groups = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     groups.add_column("group")
@@ -156,6 +163,8 @@ def list_rules(plugin_files: Sequence[str], console) -> None:
     """Print every registered rewrite rule: name, summary and pattern (for ``passctl explain``)."""
     from rich.table import Table
 
+    from rich.markup import escape
+
     from passctl.passes.rewrite.ruleset import list_rules as registered
 
     load_plugins(plugin_files)
@@ -167,7 +176,7 @@ def list_rules(plugin_files: Sequence[str], console) -> None:
             pattern = cls().describe_pattern()
         except Exception as e:  # a plugin rule that cannot be built still gets listed
             pattern = f"(pattern unavailable: {type(e).__name__}: {e})"
-        table.add_row(cls.name, cls.summary or "-", pattern)
+        table.add_row(escape(cls.name), escape(cls.summary or "-"), escape(pattern))
     console.print(table)
 
 

@@ -80,7 +80,12 @@ def load_model(spec: str) -> Tuple[Model, str]:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
         except UnicodeDecodeError:
-            raise UserError(f"{path}: not UTF-8 text; IR text files (.pir) are UTF-8")
+            with open(path, "rb") as f:
+                head = f.read(64)
+            looks_onnx = head[:1] == b"\x08"  # protobuf field 1 (ir_version), as ONNX files start
+            what = "an ONNX (protobuf) file" if looks_onnx else "a binary file"
+            raise UserError(f"{path}: looks like {what}, not IR text (.pir files are UTF-8 text)"
+                            + ("; rename it to .onnx" if looks_onnx else ""))
         model = parse_model(text, path)
     else:
         from passctl.ir.onnx_import import load

@@ -88,8 +88,11 @@ class InferShapes(Pass):
             new, conflict = merge_types(value.type, _drop_generated_symbols(type_from_proto(tp)))
             if conflict:
                 stats["conflicts"] += 1
+                from passctl.ir.printer import type_text
+
                 logger.warning("infer-shapes: value '%s' is declared %s but inferred %s; kept the "
-                               "declared type", value.name, value.type, type_from_proto(tp))
+                               "declared type", value.name, type_text(value.type),
+                               type_text(type_from_proto(tp)))
             if new is not None:
                 value.type = new
                 stats["values_typed"] += 1
@@ -146,6 +149,8 @@ def merge_types(existing: Optional[Type], inferred: Optional[Type]) -> Tuple[Opt
         return None, True
     dims = []
     for old, new in zip(existing.shape.dims, inferred.shape.dims):
+        if isinstance(old, int) and old < 0:  # -1 declared by some exporters: unknown
+            old = None
         if isinstance(old, int):
             if isinstance(new, int) and new != old:
                 return None, True
