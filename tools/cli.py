@@ -41,12 +41,21 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
-    def _all_options(self) -> List[str]:
-        options = set(self._option_string_actions)
+    def parse_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
+
+    def _subcommand(self) -> Optional[argparse.ArgumentParser]:
+        """The subparser the parsed argv chose (None when there is none)."""
+        argv = getattr(self, "_argv", [])
         for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    options |= set(sub._option_string_actions)
+            if isinstance(action, argparse._SubParsersAction) and argv:
+                return action.choices.get(argv[0])
+        return None
+
+    def _all_options(self) -> List[str]:
+        sub = self._subcommand()
+        options = set(self._option_string_actions) | set(sub._option_string_actions if sub else ())
         return sorted(o for o in options if o.startswith("--"))
 
     def error(self, message: str):
@@ -61,7 +70,8 @@ class _Parser(argparse.ArgumentParser):
                                                       n=3, cutoff=0.6)
                     if close:
                         hints.append(f"did you mean {' or '.join(close)} for {arg}?")
-            help_cmd = "passctl compile --help" if self.prog == "passctl" else f"{self.prog} --help"
+            sub = self._subcommand()
+            help_cmd = f"{sub.prog if sub is not None else self.prog} --help"
             raise UserError(f"{message}; {' '.join(hints) + ' ' if hints else ''}"
                             f"see `{help_cmd}`")
         raise UserError(f"{message} (see `{self.prog} --help`)")
