@@ -18,12 +18,13 @@ from passctl.tools.check import compare, run_onnxruntime
 EXPECTED = {
     "minilm_legacy": ({"fuse-layernorm": {"from_onnx": 13, "skip_layernorm": 13, "layernorm": 0},
                        "fuse-gelu": {"gelu": 6, "bias_gelu": 6}},
-                      {"SkipLayerNormalization": 13, "BiasGelu": 6, "LayerNormalization": 0, "Erf": 0}),
+                      # ORT form of SkipLayerNorm: Add + LayerNormalization (lower_onnxruntime.py NOTE).
+                      {"SkipLayerNormalization": 0, "BiasGelu": 6, "LayerNormalization": 13, "Erf": 0}),
     # The dynamo export adds the position embedding ([1, seq, D]) last: broadcast over the batch, so
     # the embedding LayerNorm keeps its Add (SkipLayerNorm needs equal shapes).
     "minilm_dynamo": ({"fuse-layernorm": {"from_onnx": 13, "skip_layernorm": 12, "layernorm": 0},
                        "fuse-gelu": {"gelu": 6, "bias_gelu": 6}},
-                      {"SkipLayerNormalization": 12, "BiasGelu": 6, "LayerNormalization": 1, "Erf": 0}),
+                      {"SkipLayerNormalization": 0, "BiasGelu": 6, "LayerNormalization": 13, "Erf": 0}),
     # SVTR neck: 5 decomposed LayerNorms (opset 12, so ORT's own LayerNormalization registration),
     # 28 Paddle hard-swish (x * Clip(x + 3, 0, 6) / 6) and 7 swish (x * Sigmoid(1.0 * x)).
     "ppocr_rec": ({"fuse-conv-bn": {"fused": 6},

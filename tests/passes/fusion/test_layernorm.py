@@ -163,8 +163,10 @@ def test_skip_layernorm_from_standard_layernorm(with_bias, swap, rank):
     proto = skip_proto(with_bias, swap, rank)
     lowered = check_both_lowerings(proto, "fuse-layernorm", {
         "skip_layernorm": 1, "from_onnx": 1, f"skip-layernorm-{'bias' if with_bias else 'nobias'}-3": 1})
-    assert ops(lowered["lower-onnxruntime"]) == ["MatMul", "com.microsoft::SkipLayerNormalization"]
-    assert "com.microsoft" in {o.domain for o in lowered["lower-onnxruntime"].opset_import}
+    # ONNX Runtime's CPU provider runs Add + LayerNormalization faster than its SkipLayerNormalization
+    # kernel (see lower_onnxruntime.py), so that is the ORT form.
+    adds = ["Add", "Add"] if with_bias else ["Add"]
+    assert ops(lowered["lower-onnxruntime"]) == ["MatMul", *adds, "LayerNormalization"]
 
 
 def test_skip_layernorm_from_decomposed_layernorm():
