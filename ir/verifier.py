@@ -28,7 +28,7 @@ ARITY = "arity"  # input/output count, or a missing required input, against the 
 ATTRIBUTE = "attribute"  # unknown, missing required, or wrong-kind attribute
 TYPE = "type"  # an input element type outside the schema's type constraint
 OUTPUT_TYPE = "output-type"  # declared graph-output type disagrees with shape inference (warning)
-UNKNOWN_OP = "unknown-op"  # an op the default ONNX domain does not define at the model's opset
+UNKNOWN_OP = "unknown-op"  # an op the default ONNX domain lacks (warning: only at this opset)
 KINDS = (SSA, DUPLICATE_NAME, USE_BEFORE_DEF, DANGLING_USE, USE_LIST, UNDEFINED_OUTPUT,
          SUBGRAPH_SCOPE, ARITY, ATTRIBUTE, TYPE, OUTPUT_TYPE, UNKNOWN_OP)
 
@@ -115,8 +115,8 @@ def verify(model_or_graph: Union[Model, Graph], check_output_types: bool = True,
     use before definition; dangling uses; use lists against the nodes' inputs; graph outputs
     defined; subgraph scoping; arity, attributes and input types against the ONNX op schemas
     (``onnx.defs.get_schema`` at the model's opset for the node's domain; an op the default ONNX
-    domain does not define at that opset is an ``unknown-op`` error; ops of other domains, i.e.
-    custom ops, are not checked); model-local function bodies. With ``check_output_types``
+    domain does not define at all is an ``unknown-op`` error, one it defines only from a later
+    opset, or that only ONNX Runtime registers there (its contrib ops), an ``unknown-op`` warning; ops of other domains, i.e. custom ops, are not checked); model-local function bodies. With ``check_output_types``
     (models only), each declared graph-output type is compared with what ONNX shape inference
     computes from the exported model (``onnx.shape_inference``, then ONNX Runtime's symbolic shape
     inference where ONNX's leaves a shape unknown); a disagreement is a WARNING. That check exports
@@ -281,7 +281,12 @@ class _GraphChecker:
         schema = _schema(node.op_type, version, domain)
         if schema is None:
             if domain == "":
-                self.error(UNKNOWN_OP, _unknown_op_message(node, version), node)
+                # An op ONNX defines only from a later opset is a warning: ONNX Runtime still
+                # runs some of them (e.g. LayerNormalization below opset 17, a contrib kernel
+                # registered in the default domain), and fusion passes emit them.
+                known = onnx.defs.has(node.op_type) or node.op_type in _ort_default_ops()
+                self.error(UNKNOWN_OP, _unknown_op_message(node, version), node,
+                           severity="warning" if known else "error")
             return
         from passctl.ir.verifier_schema import check_node_against_schema
 
@@ -301,8 +306,26 @@ class _GraphChecker:
                            f"'{fn.domain}::{fn.name}' does not declare", node, name)
 
 
+@functools.lru_cache(maxsize=1)
+def _ort_default_ops() -> frozenset:
+    """Ops ONNX Runtime registers in the default domain beyond ONNX's own (its contrib kernels,
+    e.g. ``SimplifiedLayerNormalization``); empty when onnxruntime is not installed."""
+    try:
+        from onnxruntime.capi import _pybind_state
+    except ImportError:
+        return frozenset()
+    try:
+        schemas = _pybind_state.get_all_operator_schema()
+    except Exception:  # a build without schema export
+        return frozenset()
+    return frozenset(s.name for s in schemas if s.domain in ("", "ai.onnx"))
+
+
 def _unknown_op_message(node: Node, version: int) -> str:
     """Why the default ONNX domain has no ``node.op_type`` at opset ``version``, and what to do."""
+    if not onnx.defs.has(node.op_type) and node.op_type in _ort_default_ops():
+        return (f"{node!r}: op '{node.op_type}' is an ONNX Runtime op in the default domain, not "
+                "an ONNX op; runtimes other than ONNX Runtime may not run it")
     if onnx.defs.has(node.op_type):
         since = min(s.since_version for s in onnx.defs.get_all_schemas_with_history()
                     if s.name == node.op_type and s.domain == "")

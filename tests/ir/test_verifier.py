@@ -261,14 +261,23 @@ def test_unknown_default_domain_op_is_an_error():
     assert_shows_node(d, y.producer)
 
 
-def test_op_newer_than_the_model_opset_is_an_error():
+def test_op_newer_than_the_model_opset_is_a_warning():
     x = Value("x", f32(2, 3))
     g = Graph([x], name="main")
     y = Builder(g).op("Gelu", x, name="gelu")  # Gelu is in the default domain from opset 20
     g.outputs.append(y)
-    d = only(V.verify(Model(g, {"": 17}), check_output_types=False), V.UNKNOWN_OP)
+    d = only(V.verify(Model(g, {"": 17}), check_output_types=False), V.UNKNOWN_OP, "warning")
     assert "from opset 20" in d.message and "opset 17" in d.message
     assert V.verify(Model(g, {"": 20}), check_output_types=False) == []
+
+
+def test_onnx_runtime_default_domain_op_is_a_warning():
+    x = Value("x", f32(2, 3))
+    g = Graph([x], name="main")
+    y = Builder(g).op("SimplifiedLayerNormalization", x, name="sln", axis=-1)
+    g.outputs.append(y)
+    d = only(V.verify(Model(g, {"": 17}), check_output_types=False), V.UNKNOWN_OP, "warning")
+    assert "ONNX Runtime op" in d.message
 
 
 def test_function_bodies_are_verified():
