@@ -35,7 +35,6 @@ MODELS: Dict[str, CorpusModel] = {**{i: ZOO[i] for i in ZOO_IDS}, **CORPUS}
 # Fused op families, by (domain, op_type) of the fused graph ("" is the ONNX domain).
 LAYER_NORM = {("", "LayerNormalization"), ("com.microsoft", "SkipLayerNormalization"),
               ("com.microsoft", "EmbedLayerNormalization")}
-SKIP_LAYER_NORM = {("com.microsoft", "SkipLayerNormalization")}
 RMS_NORM = {("", "SimplifiedLayerNormalization"), ("com.microsoft", "SkipSimplifiedLayerNormalization"),
             ("", "RMSNormalization")}
 GELU = {("", "Gelu"), ("com.microsoft", "Gelu"), ("com.microsoft", "BiasGelu"),
@@ -116,10 +115,15 @@ def test_fuse_keeps_outputs(model_id, fused, record_property):
 @pytest.mark.parametrize("model_id", ["minilm_legacy", "minilm_dynamo"])
 def test_minilm_fuses_13_layer_norms_and_6_gelus(model_id, fused):
     result = fused(model_id)
-    # Both exports already have 13 LayerNormalization nodes (opset >= 17); the fusion shows in the
-    # residual Adds absorbed into SkipLayerNormalization (two per layer, 6 layers).
+    # Both exports already have 13 LayerNormalization nodes (opset >= 17): fuse-layernorm reports them
+    # taken in as canonical LayerNorms and the residual Adds of the 6 layers (two each) joined to them as
+    # SkipLayerNorms. The ONNX Runtime lowering may split those again into Add + LayerNormalization
+    # (ORT 1.32's SkipLayerNormalization kernel is slower), so the graph check counts either form.
+    norm_stats = result.stats["fuse-layernorm"]
+    assert norm_stats["from_onnx"] + norm_stats["layernorm"] == 13, _op_counts(result)
+    assert norm_stats["skip_layernorm"] >= 12, _op_counts(result)
     assert len(result.ops(LAYER_NORM)) == 13, _op_counts(result)
-    assert len(result.ops(SKIP_LAYER_NORM)) >= 12, _op_counts(result)
+    assert result.stats["fuse-gelu"]["gelu"] == 6, _op_counts(result)
     assert len(result.ops(GELU)) == 6, _op_counts(result)
     leftover = [n.name for n in result.model.graph if n.op_type == "Erf"]
     assert not leftover, f"Erf nodes not fused into GELU: {leftover}"
@@ -151,6 +155,8 @@ def test_smollm2_fuses_rms_norm_and_silu_in_every_layer(fused):
     result = fused("smollm2")
     layers = _layers_of_original_nodes(result.original)
     assert set(layers.values()) == set(range(SMOLLM2_LAYERS))
+    assert result.stats["fuse-layernorm"]["rmsnorm"] == 2 * SMOLLM2_LAYERS + 1, _op_counts(result)
+    assert result.stats["fuse-activations"]["silu"] == SMOLLM2_LAYERS, _op_counts(result)
     rms, silu = result.ops(RMS_NORM), result.ops(SILU)
     # Two RMSNorms per decoder layer (input_layernorm, post_attention_layernorm) plus the final norm.
     assert len(rms) == 2 * SMOLLM2_LAYERS + 1, _op_counts(result)
