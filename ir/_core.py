@@ -849,6 +849,16 @@ class Model:
         # unchanged weights in it by tensor name instead of copying them.
         self.source_path: Optional[str] = None
 
+    def graphs(self) -> List[Graph]:
+        """Every graph of the model: the main graph, its subgraphs (If/Loop/Scan bodies, recursively),
+        then each model-local function's body and its subgraphs."""
+        out = [self.graph]
+        out.extend(g for n in self.graph.all_nodes() for g in n.subgraphs())
+        for f in self.functions.values():
+            out.append(f.graph)
+            out.extend(g for n in f.graph.all_nodes() for g in n.subgraphs())
+        return out
+
     @property
     def opset(self) -> int:
         """The default-domain opset version."""

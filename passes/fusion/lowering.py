@@ -79,14 +79,6 @@ class LowerContext:
         return self.b.op("ReduceMean", v, axes=[-1], keepdims=1)
 
 
-def _graphs(model: Model) -> List[Graph]:
-    out = [model.graph]
-    for n in model.graph.all_nodes():
-        out.extend(n.subgraphs())
-    out.extend(f.graph for f in model.functions.values())
-    return out
-
-
 class Lowering(Pass):
     """Replaces every ``passctl::`` node by the first form of ``TARGET``'s table that applies.
 
@@ -100,7 +92,7 @@ class Lowering(Pass):
     def run(self, model: Model) -> PassResult:
         stats: Dict[str, int] = {"lowered": 0, "unlowered": 0}
         table = _TABLES.get(self.TARGET, {})
-        for graph in _graphs(model):
+        for graph in model.graphs():
             for node in list(graph):
                 if node.domain != DOMAIN:
                     continue

@@ -16,14 +16,6 @@ from passctl.passes.registry import register_pass
 logger = logging.getLogger(__name__)
 
 
-def _graphs(model: Model) -> List[Graph]:
-    out = [model.graph]
-    for n in model.graph.all_nodes():
-        out.extend(n.subgraphs())
-    out.extend(f.graph for f in model.functions.values())
-    return out
-
-
 def _absorbed(node: Node) -> bool:
     """The node's output feeds exactly one branch op, so that op's root will reach it."""
     out = node.outputs[0]
@@ -70,7 +62,7 @@ class ReparamBranches(Pass):
         stats: Dict[str, int] = {"merged": 0, "branches": 0, "folded": 0}
         self.unmerged: Dict[str, str] = {}
         self.merged: List[Tuple[str, int, str]] = []
-        for graph in _graphs(model):
+        for graph in model.graphs():
             self._run_graph(graph, stats, self.unmerged)
         if self.unmerged:
             stats["unmerged"] = len(self.unmerged)

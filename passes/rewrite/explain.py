@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Type, Union
+from typing import Optional, Type, Union
 
-from passctl.ir import Graph, Model, Node
+from passctl.ir import Model, Node
 from passctl.passes.rewrite.pattern import node_label
 from passctl.passes.rewrite.rule import APPLIED, BLOCKED, RewriteRule
 from passctl.passes.rewrite.tracer import MatchTracer
-
-
-def _graphs(model: Model) -> List[Graph]:
-    out = [model.graph]
-    for n in model.graph.all_nodes():
-        out.extend(n.subgraphs())
-    out.extend(f.graph for f in model.functions.values())
-    return out
 
 
 def _label(node: Optional[Node]) -> str:
@@ -47,7 +39,7 @@ def explain(rule: Union[str, RewriteRule, Type[RewriteRule]], model: Model, limi
     domain, op_type = rule.root_op
     size = rule.matcher.size
     anchors = 0
-    for g in _graphs(model):
+    for g in model.graphs():
         for node in g:
             if node.op_type != op_type:
                 continue

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Type, Union
 
-from passctl.ir import Graph, Model
+from passctl.ir import Model
 from passctl.ir.errors import UserError
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.registry import register_pass
@@ -74,14 +74,6 @@ class RuleSetOptions:
     max_sweeps: int = 8
 
 
-def _graphs(model: Model) -> List[Graph]:
-    out = [model.graph]
-    for n in model.graph.all_nodes():
-        out.extend(n.subgraphs())
-    out.extend(f.graph for f in model.functions.values())
-    return out
-
-
 class RuleSet(Pass):
     """Applies rewrite rules as one pass; ``stats`` counts applications per rule name.
 
@@ -116,7 +108,7 @@ class RuleSet(Pass):
             by_op.setdefault(r.root_op[1], []).append(r)
         for sweep in range(self.options.max_sweeps):
             changed = False
-            for graph in _graphs(model):
+            for graph in model.graphs():
                 needs_sort = False
                 for node in graph:
                     if node.graph is not graph:
