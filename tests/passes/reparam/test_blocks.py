@@ -6,9 +6,9 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import pytest
+import torch
 from reparam_helpers import export_block, max_rel, op_counts, reparam_stats, run_reparam
 
-torch = pytest.importorskip("torch")
 nn, F = torch.nn, torch.nn.functional
 
 
