@@ -76,7 +76,8 @@ def test_run_errors_are_one_line(artifacts, tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
     np.savez(tmp_path / "bad.npz", x=np.zeros((2, 24), np.float32))
     r = _passctl("run", tmp / "tvm", "--inputs", tmp_path / "bad.npz")
-    assert r.returncode == 2 and "built for [3, 24]" in r.stderr
+    assert r.returncode == 2 and "does not fit graph input 'x' (float32 [3, 24])" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_compile_check_runs_the_tvm_artifact(artifacts, tmp_path):
