@@ -9,22 +9,15 @@ import pytest
 from helpers import assert_same_outputs, assert_verifies, op_types, parse
 
 from corpus import CORPUS
+from fusion_helpers import model_text
 from passctl.ir import from_onnx, load, to_onnx
 from passctl.passes.common.infer_shapes import InferShapes
 from passctl.passes.fusion.conv_activation import FuseConvActivation
 from passctl.passes.rewrite import explain
 from passctl.tools.check import check_models
 
-HEADER = '<ir_version: 8, opset_import: ["" : {opset}]>'
-
-
 def _model(body: str, inputs: str, outputs: str, opset: int = 17, **arrays) -> onnx.ModelProto:
-    proto = parse(HEADER.format(opset=opset) + f"\ng ({inputs}) => ({outputs}) {{\n{body}\n}}",
-                  check=False)
-    for name, arr in arrays.items():
-        proto.graph.initializer.append(onnx.numpy_helper.from_array(arr, name))
-    onnx.checker.check_model(proto, full_check=True)
-    return proto
+    return model_text(body, inputs, outputs, opset, arrays)
 
 
 def _fuse(proto):
@@ -252,7 +245,7 @@ def test_ppocr_counts_and_numerics(model_id, expected):
 
 
 def test_inside_a_model_local_function_gets_the_domain_import():
-    text = HEADER.format(opset=17).replace('["" : 17]', '["" : 17, "local" : 1]') + """
+    text = '<ir_version: 8, opset_import: ["" : 17, "local" : 1]>' + """
         g (float[1,2,4,4] x) => (float[1,1,4,4] y) {
             y = local.ConvRelu (x)
         }

@@ -6,8 +6,9 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import pytest
-from helpers import assert_same_outputs, assert_verifies, op_types, parse
+from helpers import assert_same_outputs, assert_verifies, op_types
 
+from fusion_helpers import model_text
 from passctl.ir import from_onnx, to_onnx
 from passctl.passes.common.eliminate_identity import EliminateIdentity
 from passctl.passes.common.infer_shapes import InferShapes
@@ -16,12 +17,7 @@ from passctl.passes.rewrite import explain
 
 
 def _model(body: str, inputs: str, outputs: str, opset: int = 17, **arrays) -> onnx.ModelProto:
-    proto = parse(f'<ir_version: 8, opset_import: ["" : {opset}]>\ng ({inputs}) => ({outputs}) {{\n'
-                  f'{body}\n}}', check=False)
-    for name, arr in arrays.items():
-        proto.graph.initializer.append(onnx.numpy_helper.from_array(arr, name))
-    onnx.checker.check_model(proto, full_check=True)
-    return proto
+    return model_text(body, inputs, outputs, opset, arrays)
 
 
 def _fuse(proto, shapes=True):
