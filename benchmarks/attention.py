@@ -82,15 +82,8 @@ def _prepare(variant: str, src: str, folder: Path, heads: int, hidden: int) -> D
 
 
 def _session(path: str, optimize: bool = True):
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 3
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    from passctl.tools.check import cpu_session
+    return cpu_session(path, optimize, THREADS, sequential=True)
 
 
 def bench(model_id: str, seqs: List[int], runs: int, warmup: int) -> List[Dict]:

@@ -140,18 +140,8 @@ def _one_line(error: BaseException) -> str:
 
 
 def _session(path: str, optimize: bool, profile_prefix: Optional[str] = None):
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 3
-    if profile_prefix:
-        options.enable_profiling = True
-        options.profile_file_prefix = profile_prefix
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    from passctl.tools.check import cpu_session
+    return cpu_session(path, optimize, THREADS, sequential=True, profile_prefix=profile_prefix)
 
 
 def op_time_shares(path: str, feeds: dict, warmup: int, runs: int, folder: Path) -> Dict[str, float]:

@@ -68,15 +68,9 @@ def conv_macs(path: str) -> int:
 
 
 def _session(path: str, threads: int, level: str):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
-    so.log_severity_level = 3
-    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    from passctl.tools.check import cpu_session
+    return cpu_session(path, optimize=LEVELS[level] == "ORT_ENABLE_ALL", threads=threads,
+                       sequential=True)
 
 
 def ort_latency(paths: Dict[str, str], feeds, runs: int, warmup: int, threads: int,

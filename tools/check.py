@@ -29,6 +29,38 @@ _PROTOBUF_LIMIT = 2**31 - 1
 ModelLike = Union[str, "os.PathLike[str]", bytes, onnx.ModelProto]
 
 
+def cpu_session(model: Union[str, bytes], optimize: bool = False, threads: Optional[int] = None,
+                sequential: bool = False, profile_prefix: Optional[str] = None):
+    """An ``onnxruntime.InferenceSession`` on the CPU execution provider, the one place passctl's
+    checks and benchmarks set session options.
+
+    Args:
+        model: path of an ``.onnx`` file or serialized model bytes.
+        optimize: ``ORT_ENABLE_ALL`` when true, else ``ORT_DISABLE_ALL``.
+        threads: ``intra_op_num_threads`` (``None``: ONNX Runtime's default).
+        sequential: one inter-op thread and ``ORT_SEQUENTIAL`` execution (for latency benchmarks).
+        profile_prefix: turn on ONNX Runtime's profiler, writing ``<prefix>_<date>.json``.
+
+    Raises:
+        onnxruntime.capi.onnxruntime_pybind11_state.Fail (and its siblings): the model does not load.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if sequential:
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
 def run_onnxruntime(model: ModelLike, inputs: Mapping[str, np.ndarray], optimize: bool = False,
                     threads: Optional[int] = None) -> Dict[str, Any]:
     """Run ``model`` once on ONNX Runtime's CPU execution provider.
@@ -52,8 +84,6 @@ def run_onnxruntime(model: ModelLike, inputs: Mapping[str, np.ndarray], optimize
         onnxruntime.capi.onnxruntime_pybind11_state.Fail (and its siblings): the model does not load
             or run in ONNX Runtime.
     """
-    import onnxruntime as ort
-
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if isinstance(model, onnx.ModelProto):
@@ -61,13 +91,7 @@ def run_onnxruntime(model: ModelLike, inputs: Mapping[str, np.ndarray], optimize
             raise UserError(f"model graph '{model.graph.name}' is over 2 GB in memory; save it with "
                             "external data and pass the path instead")
         model = model.SerializeToString()
-    options = ort.SessionOptions()
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    options.log_severity_level = 3
-    if threads is not None:
-        options.intra_op_num_threads = threads
-    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    session = cpu_session(model, optimize=optimize, threads=threads)
     expected = {arg.name for arg in session.get_inputs()}
     missing, extra = sorted(expected - set(inputs)), sorted(set(inputs) - expected)
     if missing or extra:
