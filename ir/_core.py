@@ -582,16 +582,11 @@ class Graph:
             for n in nodes:
                 for sub in n.subgraphs():
                     removing.update(sub.all_nodes())
-            outs = {id(o) for o in self.outputs}
-            for n in nodes:
-                for v in n.outputs:
-                    if id(v) in outs:
-                        raise ValueError(f"cannot remove {n!r}: its output '{v.name}' is a graph "
-                                         "output")
-                    for user, _ in v.uses():
-                        if user not in removing:
-                            raise ValueError(f"cannot remove {n!r}: its output '{v.name}' is used "
-                                             f"by {user!r}")
+            found = self._first_outside_use(nodes, removing)
+            if found is not None:
+                n, v, user = found
+                raise ValueError(f"cannot remove {n!r}: its output '{v.name}' is "
+                                 + (f"used by {user!r}" if user else "a graph output"))
         for n in nodes:
             n.set_inputs(())
             for sub in n.subgraphs():
@@ -605,6 +600,24 @@ class Graph:
             n._link = None
             n.graph = None
             self._count -= 1
+
+    def _first_outside_use(self, nodes: Sequence[Node], inside: Iterable[Node],
+                           skip: Sequence[Value] = ()) -> Optional[Tuple[Node, Value, Optional[Node]]]:
+        """The first output of ``nodes`` (not in ``skip``) that is a graph output, as
+        ``(node, value, None)``, or is used by a node outside ``inside``, as ``(node, value, user)``."""
+        inside = set(inside)
+        skipped = {id(v) for v in skip}
+        outs = {id(o) for o in self.outputs}
+        for n in nodes:
+            for v in n.outputs:
+                if id(v) in skipped:
+                    continue
+                if id(v) in outs:
+                    return n, v, None
+                for user, _ in v.uses():
+                    if user not in inside:
+                        return n, v, user
+        return None
 
     def replace_nodes(self, old_nodes: Sequence[Node], new_nodes: Sequence[Node],
                       old_values: Sequence[Value], new_values: Sequence[Value]) -> None:
@@ -629,19 +642,12 @@ class Graph:
         for n in old_nodes:
             for sub in n.subgraphs():
                 old_set.update(sub.all_nodes())
-        replaced = {id(v) for v in old_values}
-        outs = {id(o) for o in self.outputs}
-        for n in old_nodes:
-            for v in n.outputs:
-                if id(v) in replaced:
-                    continue
-                if id(v) in outs:
-                    raise ValueError(f"replace_nodes: output '{v.name}' of {n!r} is a graph output "
-                                     "but not in old_values")
-                for user, _ in v.uses():
-                    if user not in old_set:
-                        raise ValueError(f"replace_nodes: output '{v.name}' of {n!r} is still used "
-                                         f"by {user!r} but not in old_values")
+        found = self._first_outside_use(old_nodes, old_set, skip=old_values)
+        if found is not None:
+            n, v, user = found
+            raise ValueError(f"replace_nodes: output '{v.name}' of {n!r} is "
+                             + (f"still used by {user!r}" if user else "a graph output")
+                             + " but not in old_values")
         anchor = next((n for n in self if n in old_set), None)
         self._check_insertable(anchor, list(new_nodes))
         prov = union_provenance(old_nodes)
