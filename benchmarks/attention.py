@@ -8,7 +8,7 @@ times them in ONNX Runtime CPU sessions (``intra_op_num_threads=2``, ``ORT_SEQUE
 - ``unfused``: the export as it is;
 - ``ort-transformers``: ``onnxruntime.transformers.optimizer.optimize_model(model_type="bert",
   num_heads, hidden_size)`` (its fused-op counts are printed: it fuses no attention in these
-  transformers-5 exports, FACTS.md);
+  transformers-5 exports, docs/facts.md);
 - ``passctl flash-attn``: ``passctl`` pipeline ``flash-attn`` (every attention ->
   com.microsoft.MultiHeadAttention; nothing else fused);
 - ``passctl fuse,flash-attn``: ``cleanup,fuse,flash-attn`` (LayerNorm/GELU/Gemm fusions too, the

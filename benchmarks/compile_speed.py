@@ -8,7 +8,7 @@ written (interpreter start-up excluded). Tools:
 
 - ``passctl``: ``passctl.ir.load`` -> ``PassManager(build_pipeline("cleanup"))`` -> ``passctl.ir.save``.
 - ``onnxsim``: ``onnx.load`` -> ``onnxsim.simplify(model)`` (its Python API: its command line takes
-  6-12x longer, see /work/shared/FACTS.md) -> ``onnx.save``.
+  6-12x longer, see docs/facts.md) -> ``onnx.save``.
 - ``onnxslim``: ``onnxslim.slim(path, output_path)`` (its Python API).
 
 Models: the 32-layer LLaMA-shape graph (``tests/corpus.py: llama_shape_model``; exported with torch

@@ -119,7 +119,7 @@ def export_llama_shape(path: Path, num_hidden_layers: int = 32, seed: int = 0) -
     """Export :func:`build_llama_shape`'s model with the dynamo exporter.
 
     Inputs ``input_ids`` and ``attention_mask``: int64 ``[batch, sequence]`` (an explicit mask avoids
-    ``torch.diff``, see FACTS.md); output ``logits``: float32 ``[batch, sequence, 32000]``. Opset 18,
+    ``torch.diff``, see docs/facts.md); output ``logits``: float32 ``[batch, sequence, 32000]``. Opset 18,
     weights as external data (``model.onnx.data``).
 
     Args:

@@ -50,7 +50,7 @@ def export_module(module, path: Path, size: int) -> None:
 
     ``training=PRESERVE`` with the module in eval mode writes inference-form BatchNormalization nodes
     (``training_mode=0``, running statistics as initializers); ``do_constant_folding=False`` stops
-    the exporter folding them into the convolutions (FACTS.md).
+    the exporter folding them into the convolutions (docs/facts.md).
     """
     import torch
 

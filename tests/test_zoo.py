@@ -50,7 +50,7 @@ def test_zoo_export_matches_torch(model_id):
 
 @pytest.mark.slow
 def test_bert_base_keeps_random_layer_norm_weights():
-    """With noise added before export, no LayerNorm scale is all ones and no bias all zeros (FACTS.md)."""
+    """With noise added before export, no LayerNorm scale is all ones and no bias all zeros (docs/facts.md)."""
     proto = onnx.load(zoo_path("bert_base"))
     weights = {init.name: onnx.numpy_helper.to_array(init) for init in proto.graph.initializer}
     norms = [n for n in proto.graph.node if n.op_type == "LayerNormalization"]

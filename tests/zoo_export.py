@@ -25,7 +25,7 @@ def add_noise(module, std: float = NOISE_STD, seed: int = 0) -> None:
 
     Freshly initialized models have norm weights of exactly 1 and biases of exactly 0 (timm's ResNet
     even zero-initializes the last BatchNorm scale of each block), which the exporter folds away; see
-    FACTS.md. Buffers (BatchNorm running statistics) are left alone, so variances stay positive.
+    docs/facts.md. Buffers (BatchNorm running statistics) are left alone, so variances stay positive.
     """
     torch, _ = _offline_torch()
     generator = torch.Generator().manual_seed(seed)
@@ -105,7 +105,7 @@ def load_smollm2(gguf_path: str):
     """``LlamaForCausalLM`` (eval, fp32) with SmolLM2-135M-Instruct's weights dequantized from GGUF.
 
     transformers reads the GGUF file (with the ``gguf`` package) and dequantizes its Q4_1 tensors to
-    float32; see FACTS.md.
+    float32; see docs/facts.md.
     """
     torch, transformers = _offline_torch()
     folder, name = str(Path(gguf_path).parent), Path(gguf_path).name
@@ -121,7 +121,7 @@ def export_smollm2(gguf_path: str, path: Path) -> None:
     """Export SmolLM2-135M (real weights, see :func:`load_smollm2`) with the dynamo exporter.
 
     Inputs ``input_ids`` and ``attention_mask``: int64 ``[batch, sequence]`` (an explicit mask avoids
-    ``torch.diff``, see FACTS.md); output ``logits``: float32 ``[batch, sequence, 49152]``. No KV cache
+    ``torch.diff``, see docs/facts.md); output ``logits``: float32 ``[batch, sequence, 49152]``. No KV cache
     (``use_cache=False``), opset 18, weights in ``model.onnx.data`` (~540 MB).
     """
     torch, _ = _offline_torch()

@@ -14,7 +14,7 @@ RECIPE = 1
 """Bump when a recipe below changes, so old cached exports are not reused."""
 
 NOISE_STD = 0.02
-"""Noise added to every parameter so no norm weight is exactly 1 and no bias exactly 0 (FACTS.md)."""
+"""Noise added to every parameter so no norm weight is exactly 1 and no bias exactly 0 (docs/facts.md)."""
 
 TEXT_SEQ = 16
 
