@@ -134,13 +134,33 @@ def _is_ort_input_error(e: BaseException) -> bool:
     return isinstance(e, InvalidArgument)
 
 
+def _provider_note(folder: str, kind: str) -> str:
+    """For ONNX Runtime artifacts: the execution provider that ran, and a warning when session.json
+    asked for one this ONNX Runtime build lacks (the latency is then that of the fallback)."""
+    if kind != "onnxruntime":
+        return ""
+    import json
+
+    from passctl.targets.onnxruntime.emit import SESSION_FILE, chosen_providers
+
+    with open(os.path.join(folder, SESSION_FILE)) as f:
+        cfg = json.load(f)
+    wanted = cfg["execution_providers"][0][0] if cfg["execution_providers"] else "CPUExecutionProvider"
+    used = chosen_providers(cfg)[0][0]
+    if used == wanted:
+        return f" on {used}"
+    return (f" on {used} (session.json asks for {wanted} first, which this ONNX Runtime build "
+            f"lacks: the latency below is {used}'s)")
+
+
 def main(args, console) -> int:
     """The ``run`` subcommand: print one line per output and the median latency; return 0."""
     from passctl.tools.compile import parse_dims
 
     kind, outputs, times = run_artifact(args.artifact, args.inputs, args.runs, args.warmup,
                                         args.seed, parse_dims(args.dim))
-    console.print(f"{args.artifact}: {kind} artifact", markup=False, highlight=False)
+    console.print(f"{args.artifact}: {kind} artifact{_provider_note(args.artifact, kind)}",
+                  markup=False, highlight=False)
     for name, array in outputs.items():
         console.print(f"  {name}: {summarize(array)}", markup=False, highlight=False)
     console.print(f"latency: median {statistics.median(times):.3f} ms over {len(times)} runs "

@@ -74,6 +74,17 @@ def session_config(target: TargetProfile) -> Dict[str, Any]:
     }
 
 
+def chosen_providers(cfg: dict, providers: Optional[Sequence[str]] = None) -> list:
+    """The ``(name, options)`` execution providers of ``session.json``'s ``cfg`` that this ONNX Runtime
+    build has (only ``providers`` when given); ``[("CPUExecutionProvider", {})]`` when none is."""
+    import onnxruntime as ort
+
+    available = set(ort.get_available_providers())
+    chosen = [(n, o) for n, o in cfg["execution_providers"]
+              if n in available and (providers is None or n in providers)]
+    return chosen or [("CPUExecutionProvider", {})]
+
+
 def create_session(folder: str, providers: Optional[Sequence[str]] = None):
     """Open an emitted artifact as an ``onnxruntime.InferenceSession``.
 
@@ -92,11 +103,7 @@ def create_session(folder: str, providers: Optional[Sequence[str]] = None):
     level = cfg["graph_optimization_level"]
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     so.intra_op_num_threads = int(cfg["intra_op_num_threads"])
-    available = set(ort.get_available_providers())
-    chosen = [(n, o) for n, o in cfg["execution_providers"]
-              if n in available and (providers is None or n in providers)]
-    if not chosen:
-        chosen = [("CPUExecutionProvider", {})]
+    chosen = chosen_providers(cfg, providers)
     return ort.InferenceSession(os.path.join(folder, cfg["model"]), so,
                                 providers=[n for n, _ in chosen],
                                 provider_options=[o for _, o in chosen])

@@ -76,6 +76,20 @@ def test_gpu_artifact_opens_on_cpu_only_runtime(tmp_path):
     np.testing.assert_array_equal(sess.run(None, {"x": X})[0], _run(proto, X))
 
 
+def test_run_says_which_provider_ran_and_warns_on_fallback(tmp_path):
+    from passctl.tools.run_artifact import _provider_note
+
+    proto = _conv_relu_proto()
+    OnnxRuntimeEmitter().emit(from_onnx(proto), get_target("a10"), str(tmp_path / "a10"))
+    OnnxRuntimeEmitter().emit(from_onnx(proto), get_target("cpu"), str(tmp_path / "cpu"))
+    assert _provider_note(str(tmp_path / "cpu"), "onnxruntime") == " on CPUExecutionProvider"
+    note = _provider_note(str(tmp_path / "a10"), "onnxruntime")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert note == " on CUDAExecutionProvider"
+    else:  # CI and this machine: a CPU-only ONNX Runtime build
+        assert note.startswith(" on CPUExecutionProvider (session.json asks for CUDAExecutionProvider")
+
+
 def test_large_weights_go_to_external_data(tmp_path):
     proto = _conv_relu_proto()
     out = tmp_path / "ext"
