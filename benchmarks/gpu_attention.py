@@ -29,7 +29,6 @@ table shows it. Results: stdout (table last) and ``$OUT/gpu_attention.json`` whe
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -113,42 +112,30 @@ def _errors(out, ref) -> Dict[str, float]:
 
 
 # -- passctl + TVM ---------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _attention_converter(tvm_target):
-    """Make sure the TVM emitter maps passctl::Attention (its table imports
-    passes/attention/tvm_relax.py's target-aware converters); for a checkout whose emitter does not
-    yet, patch them in for this run."""
-    from unittest import mock
-
-    from passctl.passes.attention.tvm_relax import converters
-    from passctl.targets.tvm import frontend
-    if "Attention" in frontend.supported_passctl_ops():
-        yield
-        return
-    original = frontend._converter_table
-    with mock.patch.object(frontend, "_converter_table",
-                           lambda target=None: {**original(), **converters(target or tvm_target)}):
-        yield
+TRITON = {"kernels": "triton", "tensorize": False, "cuda_graph": True}
+"""passctl's GPU build: GEMMs (with epilogues) and passctl::Attention on Triton kernels tuned on
+this GPU (targets/tvm/triton_dispatch.py), the rest on DLight, launches in CUDA graphs."""
+TVM_ONLY = {"kernels": "tvm", "tensorize": False}
+"""Every kernel from TVM's DLight schedules (no WMMA: TVM 0.27's Tensorize crashes on fp16)."""
 
 
-def tvm_artifact(onnx_path: str, pipeline: str, folder: str):
-    """``passctl`` pipeline (TVM emitter's aliases) then the TVM emitter for h200; returns the
-    loaded artifact and the fuse-attention statistics."""
+def tvm_artifact(onnx_path: str, pipeline: str, folder: str, emitter=None):
+    """``passctl`` pipeline (TVM emitter's aliases) then the TVM emitter for h200 with
+    ``emitter`` options; returns the loaded artifact and the fuse-attention statistics."""
     from passctl.ir import load
     from passctl.passes import PassManager, build_pipeline
     from passctl.targets.profiles import get_target
     from passctl.targets.tvm import TvmEmitter, load_artifact
-    from passctl.targets.tvm.support import tvm_target
-
     model = load(onnx_path)
     result = PassManager(build_pipeline(pipeline, "h200", "tvm")).run(model)
     stats = {r.name: r.stats for r in result.records if r.name == "fuse-attention"}
     fuse = stats.get("fuse-attention", {})
     target = get_target("h200")
     os.makedirs(folder, exist_ok=True)
-    with _attention_converter(tvm_target(target)):
-        info = TvmEmitter(self_check=False).write(model, target, folder)
+    info = TvmEmitter(self_check=False, **(emitter or TVM_ONLY)).write(model, target, folder)
     art = load_artifact(folder)
+    for spec in (art.manifest.get("triton") or {}).get("specializations", []):
+        _log(f"  triton kernel: {spec['what']}: {spec['config']}")
     summary = {"attention": fuse.get("attention"), "unfused_softmax": fuse.get("unfused_softmax"),
                "compile_s": info["seconds"].get("compile")}
     return art, summary
@@ -210,9 +197,11 @@ def case_attention(args, tmp: str) -> None:
     path = os.path.join(tmp, "attention.onnx")
     attention_onnx(path, b, h, s, d)
     feeds = {"q": q.cpu().numpy(), "k": k.cpu().numpy(), "v": v.cpu().numpy()}
-    for variant, pipeline in (("tvm unfused", "lower-tvm"), ("tvm substituted", "flash-attn,lower-tvm")):
-        def go(pipeline=pipeline, variant=variant):
-            art, summary = tvm_artifact(path, pipeline, os.path.join(tmp, variant.replace(" ", "_")))
+    for variant, pipeline, emitter in (("tvm unfused", "lower-tvm", TVM_ONLY),
+                                       ("tvm substituted", "flash-attn,lower-tvm", TRITON)):
+        def go(pipeline=pipeline, variant=variant, emitter=emitter):
+            art, summary = tvm_artifact(path, pipeline, os.path.join(tmp, variant.replace(" ", "_")),
+                                        emitter)
             out, timing = run_tvm(art, feeds, args.warmup, args.iters)
             return {**timing, **_errors(out, ref), **summary}
         _record(case, variant, go)
@@ -268,11 +257,14 @@ def case_bert(args, tmp: str) -> None:
 
     _record(case, "onnx export (legacy, fp16)", export)
     feeds = {"input_ids": ids.numpy()}
-    for variant, pipeline in (("tvm unfused", "cleanup,lower-tvm"),
-                              ("tvm substituted", "cleanup,flash-attn,lower-tvm"),
-                              ("tvm fuse+substituted", "cleanup,fuse,flash-attn,lower-tvm")):
-        def go(pipeline=pipeline, variant=variant):
-            art, summary = tvm_artifact(path, pipeline, os.path.join(tmp, variant.replace(" ", "_")))
+    for variant, pipeline, emitter in (
+            ("tvm unfused", "cleanup,lower-tvm", TVM_ONLY),
+            ("tvm unfused (Triton GEMMs)", "cleanup,fuse,lower-tvm", TRITON),
+            ("tvm substituted", "cleanup,flash-attn,lower-tvm", TRITON),
+            ("tvm fuse+substituted", "cleanup,fuse,flash-attn,lower-tvm", TRITON)):
+        def go(pipeline=pipeline, variant=variant, emitter=emitter):
+            art, summary = tvm_artifact(path, pipeline, os.path.join(tmp, variant.replace(" ", "_")),
+                                        emitter)
             out, timing = run_tvm(art, feeds, args.warmup, args.iters)
             return {**timing, **_errors(out, ref), **summary}
         _record(case, variant, go)
@@ -299,7 +291,8 @@ def table() -> str:
     lines.append("")
     for case, ms in by_case.items():
         parts = []
-        for a, b in (("tvm unfused", "tvm substituted"), ("torch unfused", "tvm substituted"),
+        for a, b in (("tvm unfused", "tvm substituted"), ("tvm unfused (Triton GEMMs)", "tvm fuse+substituted"),
+                     ("torch unfused", "tvm substituted"),
                      ("torch sdpa", "tvm substituted"), ("torch sdpa", "tvm fuse+substituted"),
                      ("torch unfused", "torch sdpa"), ("torch eager", "torch sdpa")):
             if a in ms and b in ms:

@@ -163,9 +163,9 @@ AMP_REPORT = {}
 """The last ``mixed-precision`` pass statistics (the amp variant prints which nodes stay float32)."""
 
 
-def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse", tensorize=True):
+def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse", **emitter):
     """passctl ``pipeline`` (aliases in their TVM form) + ``lower-tvm`` -> the TVM emitter for
-    ``profile``."""
+    ``profile`` with ``emitter`` options (:class:`passctl.targets.tvm.TvmEmitter`)."""
     from passctl.ir import load
     from passctl.passes.manager import PassManager
     from passctl.passes.pipeline_text import build_pipeline
@@ -179,9 +179,12 @@ def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse", tensorize=Tr
         if record.name == "mixed-precision":
             AMP_REPORT.update(record.stats)
     out = tempfile.mkdtemp(prefix="passctl-tvm-") + "/artifact"
-    TvmEmitter(tensorize=tensorize).emit(model, get_target(profile), out)
+    TvmEmitter(**emitter).emit(model, get_target(profile), out)
     compile_s = time.perf_counter() - t0
     art = load_artifact(out)
+    triton = art.manifest.get("triton") or {}
+    for spec in triton.get("specializations", []):
+        print(f"  triton kernel: {spec['what']}: {spec['config']}", file=sys.stderr)
     args = art._args(feeds)
 
     def call():
@@ -191,30 +194,43 @@ def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse", tensorize=Tr
     return call, art.device.sync, next(iter(result.values())), compile_s
 
 
-TVM_VARIANTS = ("tvm default", "tvm default (cleaned)", "passctl -> tvm",
-                "passctl +flash-attn -> tvm", "passctl amp fp16 -> tvm")
-VARIANTS = {"fp32": ("torch eager", "torch sdpa") + TVM_VARIANTS[:4],
-            "fp16": ("torch eager", "torch sdpa") + TVM_VARIANTS[:4],
+TRITON = {"kernels": "triton", "tensorize": False, "cuda_graph": True}
+"""passctl's GPU build: GEMMs + epilogues and attention on Triton kernels (tile configurations tuned
+on this GPU), the rest on DLight without WMMA (TVM 0.27's Tensorize crashes on fp16), launches in
+CUDA graphs."""
+PASSCTL_VARIANTS = {
+    "passctl -> tvm": ("cleanup,fuse", TRITON),
+    "passctl -> tvm (DLight only)": ("cleanup,fuse", {"kernels": "tvm", "tensorize": False}),
+    "passctl +flash-attn -> tvm": ("cleanup,fuse,flash-attn", TRITON),
+    "passctl +flash-attn -> tvm (no cuda graph)": ("cleanup,fuse,flash-attn",
+                                                   {**TRITON, "cuda_graph": False}),
+    "passctl +flash-attn tf32 -> tvm": ("cleanup,fuse,flash-attn",
+                                        {**TRITON, "fp32_precision": "tf32"}),
+    "passctl amp fp16 -> tvm": ("cleanup,fuse,flash-attn,amp{{dtype=fp16,calib={calib}}}", TRITON),
+}
+TVM_VARIANTS = ("tvm default", "tvm default (cleaned)") + tuple(PASSCTL_VARIANTS)
+VARIANTS = {"fp32": ("torch eager", "torch sdpa", "tvm default", "tvm default (cleaned)",
+                     "passctl -> tvm", "passctl +flash-attn -> tvm",
+                     "passctl +flash-attn -> tvm (no cuda graph)", "passctl +flash-attn tf32 -> tvm"),
+            "fp16": ("torch eager", "torch sdpa", "tvm default", "tvm default (cleaned)",
+                     "passctl -> tvm (DLight only)", "passctl -> tvm", "passctl +flash-attn -> tvm"),
             "amp": ("torch eager", "passctl -> tvm", "passctl amp fp16 -> tvm")}
 """Variants per ``--configs`` dtype. ``amp`` (issue 8): the fp32 export, passctl ``cleanup,fuse,
-amp{dtype=fp16}`` (calibrated on this run's feeds) -> TVM next to the fp32 passctl artifact."""
-CHILD_TIMEOUT_S = 180
+flash-attn,amp{dtype=fp16}`` (calibrated on this run's feeds) -> TVM next to the fp32 passctl
+artifact. ``tf32`` rows change precision (10-bit mantissa GEMM inputs) and say so."""
+CHILD_TIMEOUT_S = 240
 """Longest one TVM variant (build + timing) may take; less when the run's --budget-s runs low."""
 
 
-def run_tvm_variant(name: str, path: str, feeds, arch: str, profile: str, tensorize: bool = True):
+def run_tvm_variant(name: str, path: str, feeds, arch: str, profile: str):
     """Build and load one TVM variant; returns ``(call, sync, output, compile seconds)``."""
     if name == "tvm default":
         return tvm_default(path, feeds, arch)
     if name == "tvm default (cleaned)":
         return tvm_default(cleaned_export(path), feeds, arch)
-    if name == "passctl -> tvm":
-        return tvm_passctl(path, feeds, profile, tensorize=tensorize)
-    if name == "passctl amp fp16 -> tvm":
-        calib = os.path.join(os.path.dirname(path), "calib")
-        return tvm_passctl(path, feeds, profile, f"cleanup,fuse,amp{{dtype=fp16,calib={calib}}}",
-                           tensorize=tensorize)
-    return tvm_passctl(path, feeds, profile, "cleanup,fuse,flash-attn", tensorize=tensorize)
+    pipeline, emitter = PASSCTL_VARIANTS[name]
+    calib = os.path.join(os.path.dirname(path), "calib")
+    return tvm_passctl(path, feeds, profile, pipeline.format(calib=calib), **emitter)
 
 
 def child(args) -> int:
@@ -229,7 +245,7 @@ def child(args) -> int:
     feeds = dict(np.load(os.path.join(work, "feeds.npz")))
     ref = np.load(os.path.join(work, "ref32.npy"))
     call, sync, out, compile_s = run_tvm_variant(args.child, args.child_onnx, feeds, args.arch,
-                                                 args.profile, not args.no_tensorize)
+                                                 args.profile)
     ms = cuda_time(call, sync, args.runs, args.warmup, args.repeats)
     result = {"ms": ms, "err": rel(out, ref), "compile_s": compile_s}
     if AMP_REPORT:
@@ -240,14 +256,14 @@ def child(args) -> int:
     return 0
 
 
-def isolated(name: str, path: str, args, arch: str, tensorize: bool = True, timeout: float = 0):
+def isolated(name: str, path: str, args, arch: str, timeout: float = 0):
     """Run TVM variant ``name`` in a child process; returns ``(ms, err, compile_s, note)``."""
     import json
     import subprocess
 
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-onnx", path,
            "--arch", arch, "--profile", args.profile, "--runs", str(args.runs), "--warmup",
-           str(args.warmup), "--repeats", str(args.repeats)] + ([] if tensorize else ["--no-tensorize"])
+           str(args.warmup), "--repeats", str(args.repeats)]
     timeout = timeout or CHILD_TIMEOUT_S
     if timeout < 20:
         return float("nan"), float("nan"), float("nan"), "skipped: --budget-s spent"
@@ -287,12 +303,6 @@ def main() -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-onnx", help=argparse.SUPPRESS)
     parser.add_argument("--arch", help=argparse.SUPPRESS)
-    parser.add_argument("--no-tensorize", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--tensor-cores", choices=("try", "off"), default="off",
-                        help="fp16 passctl builds: off (default) builds without DLight's tensor-core "
-                             "schedule (TVM 0.27 segfaults in Tensorize on an fp16 matmul "
-                             "[1024, 768] x [768, 3072] built alone); try: tensor cores first, a "
-                             "crash retried without")
     parser.add_argument("--budget-s", type=float, default=480,
                         help="wall-clock budget of the whole run; TVM variants get what is left")
     args = parser.parse_args()
@@ -350,21 +360,8 @@ def main() -> int:
         for name in VARIANTS[dtype]:
             if name in TVM_VARIANTS:
                 left = args.budget_s - (time.perf_counter() - t_start)
-                low = name.startswith("passctl") and (dtype == "fp16" or "amp" in name)
-                if args.tensor_cores == "off" and low:
-                    name += " (no tensor cores)"
-                ms, err, compile_s, note = isolated(name.split(" (no")[0], path, args, arch,
-                                                    "(no tensor" not in name,
+                ms, err, compile_s, note = isolated(name, path, args, arch,
                                                     timeout=min(CHILD_TIMEOUT_S, left - 10))
-                if note.startswith("crashed") and name.startswith("passctl") and "(no" not in name:
-                    # TVM 0.27's WMMA tensorization segfaults on fp16 matmuls (seen cross-compiling
-                    # here): retry passctl's variant with DLight's CUDA-core matmul schedule.
-                    rows.append((label, name, ms, err, compile_s, note))
-                    print(f"{label} {name}: {note}", flush=True)
-                    name = name + " (no tensor cores)"
-                    left = args.budget_s - (time.perf_counter() - t_start)
-                    ms, err, compile_s, note = isolated(name.split(" (no")[0], path, args, arch,
-                                                        False, min(CHILD_TIMEOUT_S, left - 10))
                 rows.append((label, name, ms, err, compile_s, note))
                 print(f"{label} {name}: {ms:.3f} ms, rel err {err:.2e}, compile {compile_s:.1f} s "
                       f"{note}", flush=True)

@@ -34,6 +34,9 @@ class TargetProfile:
         ort_providers: ONNX Runtime execution providers in priority order, CPU last as fallback.
         ort_optional_providers: providers the artifact may use when the runtime has them (the
             TensorRT execution provider on GPUs); listed in ``session.json`` but not enabled.
+        sm_count: streaming multiprocessors (SMs) on the device (NVIDIA datasheets: T4 40, A10 72,
+            L4 58, A100 108, H100 SXM / H200 132); kernel tile heuristics size their grids by it.
+            None for the CPU.
     """
 
     name: str
@@ -44,6 +47,7 @@ class TargetProfile:
     default_emitter: str = "onnxruntime"
     ort_providers: Tuple[str, ...] = ("CPUExecutionProvider",)
     ort_optional_providers: Tuple[str, ...] = field(default=())
+    sm_count: Optional[int] = None
 
     @property
     def is_gpu(self) -> bool:
@@ -71,6 +75,7 @@ class TargetProfile:
             "memory_bytes": self.memory_bytes,
             "fast_dtypes": list(self.fast_dtypes),
             "default_emitter": self.default_emitter,
+            "sm_count": self.sm_count,
         }
 
 
@@ -79,25 +84,25 @@ _GPU_OPTIONAL = ("TensorrtExecutionProvider",)
 
 
 def _gpu(name: str, description: str, cc: Tuple[int, int], gb: int,
-         fast: Tuple[str, ...]) -> TargetProfile:
+         fast: Tuple[str, ...], sms: int) -> TargetProfile:
     return TargetProfile(name, description, cc, gb * _GB, fast, "onnxruntime", _GPU_PROVIDERS,
-                         _GPU_OPTIONAL)
+                         _GPU_OPTIONAL, sms)
 
 
 _PROFILES: Dict[str, TargetProfile] = {p.name: p for p in (
     TargetProfile("cpu", "the host CPU through ONNX Runtime's CPU execution provider", None, None,
                   ()),
-    _gpu("t4", "NVIDIA T4 (Turing), 16 GB", (7, 5), 16, ("fp16", "int8")),
-    _gpu("a10", "NVIDIA A10 (Ampere), 24 GB", (8, 6), 24, ("tf32", "fp16", "bf16", "int8")),
+    _gpu("t4", "NVIDIA T4 (Turing), 16 GB", (7, 5), 16, ("fp16", "int8"), 40),
+    _gpu("a10", "NVIDIA A10 (Ampere), 24 GB", (8, 6), 24, ("tf32", "fp16", "bf16", "int8"), 72),
     _gpu("l4", "NVIDIA L4 (Ada Lovelace), 24 GB", (8, 9), 24,
-         ("tf32", "fp16", "bf16", "int8", "fp8")),
-    _gpu("a100", "NVIDIA A100 (Ampere), 80 GB", (8, 0), 80, ("tf32", "fp16", "bf16", "int8")),
+         ("tf32", "fp16", "bf16", "int8", "fp8"), 58),
+    _gpu("a100", "NVIDIA A100 (Ampere), 80 GB", (8, 0), 80, ("tf32", "fp16", "bf16", "int8"), 108),
     _gpu("a100-40gb", "NVIDIA A100 (Ampere), 40 GB", (8, 0), 40,
-         ("tf32", "fp16", "bf16", "int8")),
+         ("tf32", "fp16", "bf16", "int8"), 108),
     _gpu("h100", "NVIDIA H100 (Hopper), 80 GB", (9, 0), 80,
-         ("tf32", "fp16", "bf16", "int8", "fp8")),
+         ("tf32", "fp16", "bf16", "int8", "fp8"), 132),
     _gpu("h200", "NVIDIA H200 (Hopper), 141 GB", (9, 0), 141,
-         ("tf32", "fp16", "bf16", "int8", "fp8")),
+         ("tf32", "fp16", "bf16", "int8", "fp8"), 132),
 )}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, Sequence
 
 import numpy as np
@@ -66,7 +67,7 @@ def _decomposed(bb, q, k, v, mask, kind: str, attrs: Dict[str, Any], dtype: str)
     return y
 
 
-def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=None):
+def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=None, kernels=None):
     """Build Relax ops for one ``passctl::Attention`` (schema: passes/attention/canonical.py).
 
     Q/K/V arrive in BHSD; Relax's ``nn.attention`` takes BSNH (``[B, S, H, D]``), so each is
@@ -84,11 +85,16 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=Non
     no repeat): TVM 0.27's wheel has no cuDNN/CUTLASS, and nn.attention legalizes to a kernel that
     materializes the [B, H, S, T] scores.
 
+    With ``kernels`` (a :class:`passctl.targets.tvm.triton_dispatch.TritonLibrary`, CUDA builds
+    only) every attention whose mask has a materialized key axis runs the Triton FlashAttention-2
+    kernel (any dtype, mask, causal flag and GQA); the rules above are the fallback.
+
     Args:
         bb: the frontend's ``relax.BlockBuilder``.
         inputs: Relax expressions ``[Q, K, V, Mask?]``.
         attrs: the node's attributes (strings may be bytes).
         target: the ``tvm.target.Target`` being built for (None: nn.attention always).
+        kernels: the Triton kernel library of a CUDA build, or None.
 
     Returns:
         The Relax expression of the output ``[B, H, S, Dv]``.
@@ -102,6 +108,13 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=Non
     kind = _text(attrs.get("mask_kind", "none"))
     dtype = str(q.ty.dtype)
     bsnh = [0, 2, 1, 3]
+    if kernels is not None:
+        from passctl.targets.tvm.triton_dispatch import call_attention
+
+        try:
+            return call_attention(bb, kernels, q, k, v, mask, attrs)
+        except ValueError as e:  # a mask broadcast over keys: TVM's kernels below
+            logging.getLogger(__name__).info("attention on TVM kernels: %s", e)
     flash = (target is not None and target.kind.name == "cuda" and kind == "none" and mask is None
              and dtype in ("float16", "bfloat16") and int(q.ty.shape[3]) == int(v.ty.shape[3]))
     if flash:
@@ -137,10 +150,12 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=Non
     return y
 
 
-def converters(target=None) -> Dict[str, Any]:
+def converters(target=None, kernels=None) -> Dict[str, Any]:
     """``{"Attention": converter}`` to merge into the TVM emitter's passctl converter table; with a
-    CUDA ``target`` the converter uses the flash-style kernel where it applies."""
-    return {"Attention": lambda bb, inputs, attrs: relax_attention(bb, inputs, attrs, target)}
+    CUDA ``target`` the converter uses the Triton kernel (``kernels``) or TVM's flash-style
+    kernel where they apply."""
+    return {"Attention": lambda bb, inputs, attrs: relax_attention(bb, inputs, attrs, target,
+                                                                   kernels)}
 
 
 __all__ = ["converters", "relax_attention"]

@@ -82,13 +82,17 @@ TRANSFORM_PARAMS = "main_transform_params"
 """The function LiftTransformParams adds: weights in, weights in the kernels' layout out."""
 
 
-def compile_module(mod, target, schedule: bool = True, tensorize: bool = True):
+def compile_module(mod, target, schedule: bool = True, tensorize: bool = True,
+                   cuda_graph: bool = False):
     """``tvm.compile`` ``mod`` for ``target`` (a ``tvm.target.Target``) with passctl's pipeline.
 
     For llvm with ``schedule``, convolutions are first converted to NHWC / HWIO
     (:func:`passctl.targets.tvm.cpu_schedule.conv_layout_pass`) and the weight transposes this
     adds are lifted into :data:`TRANSFORM_PARAMS` (``relax.transform.LiftTransformParams``),
     which the runtime calls once at load, so no inference pays for them.
+
+    ``cuda_graph`` turns on ``relax.backend.use_cuda_graph`` (Relax's RewriteCUDAGraph captures
+    the launch sequence of each static region in a CUDA graph on first run).
 
     Returns:
         ``(executable, transform)``: the ``tvm.relax.Executable`` and the name of the weight
@@ -110,6 +114,9 @@ def compile_module(mod, target, schedule: bool = True, tensorize: bool = True):
         pipeline = cpu_pipeline(target, schedule=schedule)
     else:
         pipeline = gpu_pipeline(target, tensorize=tensorize)
+    if cuda_graph:
+        with tvm.transform.PassContext(config={"relax.backend.use_cuda_graph": True}):
+            return tvm.compile(mod, target=target, relax_pipeline=pipeline), transform
     return tvm.compile(mod, target=target, relax_pipeline=pipeline), transform
 
 

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -31,14 +31,14 @@ class TvmTranslationError(UserError):
     """TVM's frontend failed on a node the pre-build check accepted (one line, names the node)."""
 
 
-def _translate(model: Model, source: str, target=None):
+def _translate(model: Model, source: str, target=None, kernels=None):
     """:func:`passctl.targets.tvm.frontend.to_relax` with frontend failures as one-line errors."""
     from passctl.targets.tvm import frontend
 
     quiet = io.StringIO()  # the frontend prints "Error converting operator ..." itself
     try:
         with contextlib.redirect_stdout(quiet):
-            return frontend.to_relax(model, source, target)
+            return frontend.to_relax(model, source, target, kernels)
     except UserError:
         raise
     except frontend.NodeConversionError as e:
@@ -87,14 +87,58 @@ class TvmEmitter(Emitter):
         self_check: run the CPU artifact against ONNX Runtime after writing it.
         tensorize: CUDA only: tensor-core (WMMA) schedules for fp16 matmuls (see
             :func:`passctl.targets.tvm.build.gpu_pipeline`).
+        kernels: CUDA only: ``"triton"`` runs GEMMs (with their bias / GELU / ReLU / residual
+            epilogue) and ``passctl::Attention`` on Triton kernels embedded in the library
+            (:mod:`passctl.targets.tvm.triton_dispatch`; TVM 0.27's wheel has no cuBLAS / cuDNN),
+            ``"tvm"`` leaves every kernel to TVM's DLight schedules, ``"auto"`` is ``"triton"``
+            where Triton and TVM's CUDA runtime are present (else ``"tvm"``, logged and written
+            to the manifest).
+        tune: time each Triton kernel's candidate tile configurations on this machine's GPU
+            (needs torch with CUDA) and keep the fastest; ``None``: when a GPU is visible.
+        fp32_precision: float32 GEMMs on Triton: ``"ieee"`` (exact float32) or ``"tf32"``
+            (tensor cores, 10-bit mantissa: a precision change, off unless asked for).
+        cuda_graph: capture the Relax VM's kernel launches in CUDA graphs
+            (``relax.backend.use_cuda_graph``), which removes per-launch CPU overhead.
     """
 
     name = "tvm"
 
-    def __init__(self, schedule: bool = True, self_check: bool = True, tensorize: bool = True):
+    def __init__(self, schedule: bool = True, self_check: bool = True, tensorize: bool = True,
+                 kernels: str = "auto", tune: Optional[bool] = None, fp32_precision: str = "ieee",
+                 cuda_graph: bool = False):
+        if kernels not in ("auto", "triton", "tvm"):
+            raise UserError(f"TVM emitter kernels='{kernels}': use 'auto', 'triton' or 'tvm'")
         self.schedule = schedule
         self.self_check = self_check
         self.tensorize = tensorize
+        self.kernels = kernels
+        self.tune = tune
+        self.fp32_precision = fp32_precision
+        self.cuda_graph = cuda_graph
+
+    def _kernel_library(self, target: TargetProfile):
+        """The :class:`TritonLibrary` for a CUDA build, or ``(None, reason)``."""
+        if not target.is_gpu or self.kernels == "tvm":
+            return None, "DLight schedules only (kernels='tvm')" if target.is_gpu else ""
+        from passctl.targets.tvm import triton_dispatch
+
+        ok, why = triton_dispatch.available()
+        if not ok:
+            if self.kernels == "triton":
+                raise UserError(f"target '{target.name}': Triton kernels were asked for, but {why}")
+            logger.warning("target %s: GEMMs and attention on TVM's DLight kernels: %s",
+                           target.name, why)
+            return None, why
+        tune = self.tune
+        if tune is None:
+            try:
+                import torch
+
+                tune = bool(torch.cuda.is_available())
+            except ImportError:
+                tune = False
+        return triton_dispatch.TritonLibrary(target.compute_capability, target.sm_count or 0,
+                                             tune=tune, fp32_precision=self.fp32_precision), ""
 
     def write(self, model: Model, target: TargetProfile, folder: str) -> Dict[str, Any]:
         """Write the artifact into ``folder`` (see :meth:`Emitter.write`).
@@ -112,12 +156,21 @@ class TvmEmitter(Emitter):
         tgt = tvm_target(target)  # before the translation: a missing nvcc is reported first
         tvm = import_tvm()
         t0 = time.perf_counter()
-        mod, params = _translate(model, source, tgt)
+        library, no_library = self._kernel_library(target)
+        mod, params = _translate(model, source, tgt, library)
+        gemms = 0
+        if library is not None:
+            from passctl.targets.tvm.triton_dispatch import dispatch_gemms
+
+            mod, gemms = dispatch_gemms(mod, library)
+            if library.kernels:
+                mod = mod.with_attr("external_mods", library.modules())
         t1 = time.perf_counter()
         from passctl.targets.tvm.build import compile_module
 
         executable, transform = compile_module(mod, tgt, schedule=self.schedule,
-                                               tensorize=self.tensorize)
+                                               tensorize=self.tensorize,
+                                               cuda_graph=self.cuda_graph and target.is_gpu)
         t2 = time.perf_counter()
         executable.export_library(os.path.join(folder, LIBRARY_FILE))
         main = mod["main"]
@@ -139,8 +192,17 @@ class TvmEmitter(Emitter):
             "tvm_version": tvm.__version__,
             "cpu_schedules": bool(self.schedule and not target.is_gpu),
             "transform_params": transform,
-            "tensor_cores": bool(target.is_gpu and self.tensorize),
+            "tensor_cores": bool(target.is_gpu and (self.tensorize or library is not None)),
+            "kernels": ("triton" if library is not None else "tvm") if target.is_gpu else "tvm",
         }
+        if target.is_gpu:
+            manifest["cuda_graph"] = bool(self.cuda_graph)
+            if library is not None:
+                manifest["triton"] = {"gemms": gemms, "tuned": library.tune,
+                                      "fp32_precision": library.fp32_precision,
+                                      "specializations": library.log}
+            else:
+                manifest["kernels_note"] = no_library
         with open(os.path.join(folder, MANIFEST_FILE), "w") as f:
             json.dump(manifest, f, indent=2)
             f.write("\n")

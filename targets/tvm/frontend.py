@@ -24,9 +24,10 @@ _PREFIX = "passctl::"
 _DIRECT = {"If", "Constant"}
 
 
-def _converter_table(target=None) -> Dict[str, Callable]:
+def _converter_table(target=None, kernels=None) -> Dict[str, Callable]:
     """passctl op type -> ``fn(bb, inputs, attrs) -> relax.Expr`` (math: passes/fusion/canonical.py;
-    ``Attention``: passes/attention/tvm_relax.py, which picks its kernel by ``target``)."""
+    ``Attention``: passes/attention/tvm_relax.py, which picks its kernel by ``target`` and
+    ``kernels``, a :class:`passctl.targets.tvm.triton_dispatch.TritonLibrary` or None)."""
     import_tvm()
     from tvm import relax
 
@@ -82,7 +83,7 @@ def _converter_table(target=None) -> Dict[str, Callable]:
     except ImportError:  # the attention package is optional here
         logger.debug("passctl::Attention converter not available")
     else:
-        table.update(attention_converters(target))
+        table.update(attention_converters(target, kernels))
     return table
 
 
@@ -205,13 +206,15 @@ def _constants_as_nodes(graph) -> None:
     graph.node.extend(moved + nodes)
 
 
-def to_relax(model: Model, source: str = "model", target=None):
+def to_relax(model: Model, source: str = "model", target=None, kernels=None):
     """Translate ``model`` (static input shapes) to a Relax IRModule with weights as parameters.
 
     Route: ``passctl.ir.to_onnx`` -> TVM 0.27's Relax ONNX frontend (``keep_params_in_input``),
     with passctl-domain ops converted by :func:`_converter_table` (nn.layer_norm, nn.rms_norm,
     nn.gelu / gelu_tanh, nn.silu, HardSwish as x * clip(x / 6 + 1/2, 0, 1), Attention through
-    passes/attention/tvm_relax.py for ``target``, the ``tvm.target.Target`` being built for).
+    passes/attention/tvm_relax.py for ``target``, the ``tvm.target.Target`` being built for, with
+    ``kernels`` (a :class:`passctl.targets.tvm.triton_dispatch.TritonLibrary`) for CUDA builds
+    that embed Triton kernels).
 
     Returns:
         ``(mod, params)``: the IRModule whose ``main`` takes the graph inputs then the weights, and
@@ -237,7 +240,7 @@ def to_relax(model: Model, source: str = "model", target=None):
         if node.domain == PASSCTL_DOMAIN:
             node.op_type = _PREFIX + node.op_type
             node.domain = ""
-    table = _converter_table(target)
+    table = _converter_table(target, kernels)
 
     class _Importer(ONNXGraphImporter):
         def _check_for_unsupported_ops(self, graph):  # done on the IR, with provenance
