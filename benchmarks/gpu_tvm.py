@@ -182,6 +182,7 @@ def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse", **emitter):
     TvmEmitter(**emitter).emit(model, get_target(profile), out)
     compile_s = time.perf_counter() - t0
     art = load_artifact(out)
+    LAST_ARTIFACT.append(art)
     triton = art.manifest.get("triton") or {}
     for spec in triton.get("specializations", []):
         print(f"  triton kernel: {spec['what']}: {spec['config']}", file=sys.stderr)
@@ -192,6 +193,26 @@ def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse", **emitter):
 
     result = art.run(feeds)
     return call, art.device.sync, next(iter(result.values())), compile_s
+
+
+LAST_ARTIFACT = []
+"""The passctl artifact a child built (for --profile-kernels)."""
+
+
+def profile_kernels(art, feeds, top: int = 25) -> None:
+    """Print (stderr) the ``top`` kernels by total time from the Relax VM profiler (one call, no
+    CUDA graph: a captured graph shows as a single entry)."""
+    import tvm
+    from tvm import relax
+
+    lib = tvm.runtime.load_module(os.path.join(art.folder, art.manifest["library"]))
+    vm = relax.VirtualMachine(lib, art.device, profile=True)
+    args = art._args(feeds)  # inputs then the (already transformed) weights
+    vm["main"](*args)
+    report = vm.profile("main", *args)
+    lines = str(report.table(sort=True, aggregate=True, col_sums=True)).splitlines()
+    for line in lines[:top + 2] + lines[-6:]:
+        print("PROFILE " + line, file=sys.stderr, flush=True)
 
 
 TRITON = {"kernels": "triton", "tensorize": False, "cuda_graph": True}
@@ -206,14 +227,17 @@ PASSCTL_VARIANTS = {
                                                    {**TRITON, "cuda_graph": False}),
     "passctl +flash-attn tf32 -> tvm": ("cleanup,fuse,flash-attn",
                                         {**TRITON, "fp32_precision": "tf32"}),
+    "passctl -> tvm (3xTF32)": ("cleanup,fuse", {**TRITON, "fp32_precision": "tf32x3"}),
+    "passctl +flash-attn -> tvm (3xTF32)": ("cleanup,fuse,flash-attn",
+                                            {**TRITON, "fp32_precision": "tf32x3"}),
     "passctl amp fp16 -> tvm": ("cleanup,fuse,flash-attn,amp{{dtype=fp16,calib={calib}}}", TRITON),
 }
 TVM_VARIANTS = ("tvm default", "tvm default (cleaned)") + tuple(PASSCTL_VARIANTS)
 VARIANTS = {"fp32": ("torch eager", "torch sdpa", "tvm default", "tvm default (cleaned)",
-                     "passctl -> tvm", "passctl +flash-attn -> tvm",
-                     "passctl +flash-attn -> tvm (no cuda graph)", "passctl +flash-attn tf32 -> tvm"),
+                     "passctl -> tvm", "passctl +flash-attn -> tvm", "passctl -> tvm (3xTF32)",
+                     "passctl +flash-attn -> tvm (3xTF32)", "passctl +flash-attn tf32 -> tvm"),
             "fp16": ("torch eager", "torch sdpa", "tvm default", "tvm default (cleaned)",
-                     "passctl -> tvm (DLight only)", "passctl -> tvm", "passctl +flash-attn -> tvm"),
+                     "passctl -> tvm", "passctl +flash-attn -> tvm"),
             "amp": ("torch eager", "passctl -> tvm", "passctl amp fp16 -> tvm")}
 """Variants per ``--configs`` dtype. ``amp`` (issue 8): the fp32 export, passctl ``cleanup,fuse,
 flash-attn,amp{dtype=fp16}`` (calibrated on this run's feeds) -> TVM next to the fp32 passctl
@@ -248,6 +272,11 @@ def child(args) -> int:
                                                  args.profile)
     ms = cuda_time(call, sync, args.runs, args.warmup, args.repeats)
     result = {"ms": ms, "err": rel(out, ref), "compile_s": compile_s}
+    if args.profile_kernels and LAST_ARTIFACT and "no cuda graph" in args.child:
+        try:
+            profile_kernels(LAST_ARTIFACT[-1], feeds)
+        except Exception as e:  # noqa: BLE001  (a diagnostic only)
+            print(f"PROFILE failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     if AMP_REPORT:
         kept = [n for n in AMP_REPORT.get("nodes", []) if n.get("precision") == "fp32"]
         result["amp"] = {"low_nodes": AMP_REPORT.get("low_nodes"), "fp32_nodes": len(kept),
@@ -263,7 +292,8 @@ def isolated(name: str, path: str, args, arch: str, timeout: float = 0):
 
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-onnx", path,
            "--arch", arch, "--profile", args.profile, "--runs", str(args.runs), "--warmup",
-           str(args.warmup), "--repeats", str(args.repeats)]
+           str(args.warmup), "--repeats", str(args.repeats)] + (
+               ["--profile-kernels"] if args.profile_kernels else [])
     timeout = timeout or CHILD_TIMEOUT_S
     if timeout < 20:
         return float("nan"), float("nan"), float("nan"), "skipped: --budget-s spent"
@@ -278,6 +308,9 @@ def isolated(name: str, path: str, args, arch: str, timeout: float = 0):
             amp = d["amp"]
             print(f"--- {name}: amp kept {amp['fp32_nodes']} nodes float32, {amp['low_nodes']} "
                   "fp16 ---\n" + "\n".join(amp["fp32"][:60]), flush=True)
+        for line in (r.stderr or "").splitlines():  # kernel choices and profiles
+            if line.startswith(("  triton kernel", "PROFILE")):
+                print(f"[{name}] {line}", flush=True)
         return d["ms"], d["err"], d["compile_s"], ""
     tail = [ln for ln in (r.stderr or "").strip().splitlines() if ln.strip()]
     # Every compiler error line in full (nvcc prints "file(line): error: ..." lines, then warnings
@@ -300,9 +333,14 @@ def main() -> int:
     parser.add_argument("--configs", default="128:fp32,512:fp16,512:amp",
                         help="seq:dtype list; dtype fp32, fp16 (a .half() export) or amp (fp32 "
                              "export, passctl amp{dtype=fp16} vs the fp32 passctl artifact)")
+    parser.add_argument("--variants", default="",
+                        help="regex: run only the variants whose name matches")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-onnx", help=argparse.SUPPRESS)
     parser.add_argument("--arch", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-kernels", action="store_true",
+                        help="print the Relax VM profiler's top kernels of the '(no cuda graph)' "
+                             "passctl variant")
     parser.add_argument("--budget-s", type=float, default=480,
                         help="wall-clock budget of the whole run; TVM variants get what is left")
     args = parser.parse_args()
@@ -358,6 +396,8 @@ def main() -> int:
         np.savez(os.path.join(work, "calib", "feeds.npz"), **feeds)  # amp's calibration feed
         np.save(os.path.join(work, "ref32.npy"), ref32)
         for name in VARIANTS[dtype]:
+            if args.variants and not re.search(args.variants, name):
+                continue
             if name in TVM_VARIANTS:
                 left = args.budget_s - (time.perf_counter() - t_start)
                 ms, err, compile_s, note = isolated(name, path, args, arch,

@@ -120,6 +120,53 @@ def compile_module(mod, target, schedule: bool = True, tensorize: bool = True,
     return tvm.compile(mod, target=target, relax_pipeline=pipeline), transform
 
 
+def pack_gpu_weights(mod, target):
+    """Prepare ``mod``'s weights for a CUDA build with library GEMMs: matmuls sharing their left
+    operand (an attention block's Q, K and V projections) become one matmul on the weights
+    concatenated along N, with the concatenated bias and one ``split``
+    (``relax.transform.CombineParallelMatmul``: one [M, K] x [K, 3N] GEMM fills the GPU better
+    than three [M, K] x [K, N] ones), and every computation on weights alone (those concats) is
+    lifted into :data:`TRANSFORM_PARAMS` (``relax.transform.LiftTransformParams``), which the
+    runtime calls once at load.
+
+    Returns:
+        ``(mod, transform)``: the module and the transform function's name (None when none).
+    """
+    import_tvm()
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class _BiasLast(relax.PyExprMutator):
+        """``add(b, x)`` with a lower-rank ``b`` -> ``add(x, b)``: exporters write the bias
+        first (torch's legacy exporter: ``Add(bias, MatMul)``), CombineParallelMatmul matches
+        ``add(matmul, bias)`` only."""
+
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if (getattr(call.op, "name", None) == "relax.add" and len(call.args) == 2
+                    and _rank(call.args[0]) is not None and _rank(call.args[1]) is not None
+                    and _rank(call.args[0]) < _rank(call.args[1])):
+                return relax.op.add(call.args[1], call.args[0])
+            return call
+
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = _BiasLast(mod).visit_expr(func)
+    with target:
+        mod = relax.transform.CombineParallelMatmul()(mod)
+        mod = relax.transform.LiftTransformParams()(mod)
+    names = {gv.name_hint for gv in mod.get_global_vars()}
+    return mod, TRANSFORM_PARAMS if TRANSFORM_PARAMS in names else None
+
+
+def _rank(expr):
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    try:
+        return len(shape) if shape is not None else None
+    except TypeError:
+        return None
+
+
 def cuda_source(executable) -> str:
     """The CUDA C source of a built executable's kernels ("" when it has no CUDA module).
 
@@ -152,4 +199,4 @@ def check_cuda_source(source: str, arch: str) -> None:
         compile_cuda(source, target_format="cubin", arch=arch, compiler=compiler)
 
 
-__all__ = ["check_cuda_source", "compile_module", "cpu_pipeline", "cuda_source", "gpu_pipeline"]
+__all__ = ["check_cuda_source", "compile_module", "pack_gpu_weights", "cpu_pipeline", "cuda_source", "gpu_pipeline"]

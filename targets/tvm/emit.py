@@ -95,8 +95,9 @@ class TvmEmitter(Emitter):
             to the manifest).
         tune: time each Triton kernel's candidate tile configurations on this machine's GPU
             (needs torch with CUDA) and keep the fastest; ``None``: when a GPU is visible.
-        fp32_precision: float32 GEMMs on Triton: ``"ieee"`` (exact float32) or ``"tf32"``
-            (tensor cores, 10-bit mantissa: a precision change, off unless asked for).
+        fp32_precision: float32 GEMMs / attention on Triton: ``"ieee"`` (float32 FMA),
+            ``"tf32x3"`` (tensor cores, error-compensated: three TF32 products per input pair) or
+            ``"tf32"`` (tensor cores, 10-bit mantissa: a precision change, off unless asked for).
         cuda_graph: capture the Relax VM's kernel launches in CUDA graphs
             (``relax.backend.use_cuda_graph``), which removes per-launch CPU overhead.
     """
@@ -158,10 +159,12 @@ class TvmEmitter(Emitter):
         t0 = time.perf_counter()
         library, no_library = self._kernel_library(target)
         mod, params = _translate(model, source, tgt, library)
-        gemms = 0
+        gemms, gpu_transform = 0, None
         if library is not None:
+            from passctl.targets.tvm.build import pack_gpu_weights
             from passctl.targets.tvm.triton_dispatch import dispatch_gemms
 
+            mod, gpu_transform = pack_gpu_weights(mod, tgt)
             mod, gemms = dispatch_gemms(mod, library)
             if library.kernels:
                 mod = mod.with_attr("external_mods", library.modules())
@@ -171,11 +174,10 @@ class TvmEmitter(Emitter):
         executable, transform = compile_module(mod, tgt, schedule=self.schedule,
                                                tensorize=self.tensorize,
                                                cuda_graph=self.cuda_graph and target.is_gpu)
+        transform = transform or gpu_transform
         t2 = time.perf_counter()
         executable.export_library(os.path.join(folder, LIBRARY_FILE))
-        main = mod["main"]
-        n_in = len(model.graph.inputs)
-        names = [f"p{i}" for i in range(len(main.params) - n_in)]
+        names = [f"p{i}" for i in range(len(params))]  # the weights as translated (pre-transform)
         tvm.runtime.save_param_dict_to_file(dict(zip(names, params)),
                                             os.path.join(folder, PARAMS_FILE))
         t3 = time.perf_counter()

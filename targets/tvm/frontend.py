@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -172,6 +173,8 @@ class NodeConversionError(Exception):
 
     def __init__(self, node: str, op: str, error: BaseException):
         first = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+        # TVM prints an operator as its full ir.Op(...) repr: keep its name
+        first = re.sub(r'ir\.Op\(.*?name="([^"]+)".*?support_level=\d+\)', r"\1", first)
         super().__init__(f"node '{node}' (op {op}): {first}")
         self.node, self.op = node, op
 

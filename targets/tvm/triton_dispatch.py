@@ -95,14 +95,18 @@ class TritonLibrary:
         sm_count: streaming multiprocessors on the device (grid-size heuristics).
         tune: time the candidate tile configurations on the local GPU (needs torch with CUDA) and
             keep the fastest, like TensorRT's tactic selection; otherwise a heuristic picks one.
-        fp32_precision: ``tl.dot``'s input precision for float32 GEMMs: ``"ieee"`` (exact fp32,
-            CUDA cores) or ``"tf32"`` (tensor cores, 10-bit mantissa; a precision change).
+        fp32_precision: ``tl.dot``'s input precision for float32 GEMMs and attention:
+            ``"ieee"`` (fp32 FMA on CUDA cores), ``"tf32"`` (tensor cores, inputs rounded to a
+            10-bit mantissa: a precision change) or ``"tf32x3"`` (tensor cores, each input split
+            into a TF32 high and low part and three products summed: about 21 mantissa bits, the
+            error-compensated "3xTF32" of CUTLASS / Ootomo & Yokota 2022).
     """
 
     def __init__(self, compute_capability: Tuple[int, int], sm_count: int = 0,
                  tune: bool = False, fp32_precision: str = "ieee"):
-        if fp32_precision not in ("ieee", "tf32"):
-            raise UserError(f"fp32 GEMM precision '{fp32_precision}': use 'ieee' or 'tf32'")
+        if fp32_precision not in ("ieee", "tf32", "tf32x3"):
+            raise UserError(f"fp32 GEMM precision '{fp32_precision}': use 'ieee', 'tf32' or "
+                            "'tf32x3'")
         self.cc = tuple(compute_capability)
         self.sm_count = sm_count or 100
         self.tune = tune
@@ -216,12 +220,16 @@ def _cdiv(a: int, b: int) -> int:
 # -- GEMM ------------------------------------------------------------------------------------
 
 def _gemm_candidates(dtype: str, precision: str) -> List[Dict[str, int]]:
+    # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), largest tile first: without tuning the first
+    # whose grid fills the SMs is taken
     if dtype == "float32" and precision == "ieee":
-        tiles = [(128, 64, 32, 8, 3), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (32, 64, 32, 4, 3)]
+        tiles = [(128, 128, 32, 8, 3), (128, 128, 16, 8, 3), (128, 64, 32, 8, 3), (64, 128, 32, 4, 3),
+                 (64, 64, 32, 4, 3), (64, 64, 16, 4, 4), (32, 64, 32, 4, 3)]
     elif dtype == "float32":
         tiles = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (64, 64, 32, 4, 4), (64, 128, 32, 4, 3)]
     else:
-        tiles = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4)]
+        tiles = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 64, 64, 4, 4),
+                 (64, 128, 64, 4, 4), (64, 64, 64, 4, 4)]
     return [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": s}
             for m, n, k, w, s in tiles]
 
@@ -301,7 +309,9 @@ def gemm_kernel_for(lib: TritonLibrary, spec: GemmSpec) -> Tuple[Kernel, Tuple[i
 @dataclass(frozen=True)
 class AttentionSpec:
     """Q [B, H, S, D], K [B, KVH, T, D], V [B, KVH, T, DV], optional mask [mb, mh, S, T]
-    (``mask_shape`` is its full 4-d broadcast shape; ``mask_kind`` 0 none, 1 additive, 2 boolean)."""
+    (``mask_shape`` is its full 4-d broadcast shape; ``mask_kind`` 0 none, 1 additive, 2 boolean).
+    ``bshd``: for Q, K, V, whether the buffer is stored [B, S, H, D] (read in place) rather than
+    [B, H, S, D]."""
 
     b: int
     h: int
@@ -317,6 +327,12 @@ class AttentionSpec:
     mask_dtype: str = ""
     causal: bool = False
     nan_to_zero: bool = False
+    bshd: Tuple[bool, bool, bool] = (False, False, False)
+
+
+def _strides(heads: int, seq: int, dim: int, bshd: bool) -> Tuple[int, int, int]:
+    """(batch, head, sequence) strides of a contiguous [B, H, S, D] or, ``bshd``, [B, S, H, D]."""
+    return (seq * heads * dim, dim, heads * dim) if bshd else (heads * seq * dim, seq * dim, dim)
 
 
 def _attention_candidates(d: int) -> List[Dict[str, int]]:
@@ -341,10 +357,12 @@ def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kerne
         smb = smh = sms = 0
 
     def constexprs(c):
+        sqb, sqh, sqs = _strides(spec.h, spec.s, spec.d, spec.bshd[0])
+        skb, skh, sks = _strides(spec.kvh, spec.t, spec.d, spec.bshd[1])
+        svb, svh, svs = _strides(spec.kvh, spec.t, spec.dv, spec.bshd[2])
         return {"H": spec.h, "GROUP": spec.h // spec.kvh, "S": spec.s, "T": spec.t, "D": spec.d,
-                "DV": spec.dv, "sqb": spec.h * spec.s * spec.d, "sqh": spec.s * spec.d,
-                "skb": spec.kvh * spec.t * spec.d, "skh": spec.t * spec.d,
-                "svb": spec.kvh * spec.t * spec.dv, "svh": spec.t * spec.dv,
+                "DV": spec.dv, "sqb": sqb, "sqh": sqh, "sqs": sqs, "skb": skb, "skh": skh,
+                "sks": sks, "svb": svb, "svh": svh, "svs": svs,
                 "smb": smb, "smh": smh, "sms": sms, "SCALE": float(spec.scale),
                 "MASK": spec.mask_kind, "CAUSAL": spec.causal, "NAN_TO_ZERO": spec.nan_to_zero,
                 "PRECISION": "none" if spec.dtype != "float32" else lib.fp32_precision,
@@ -363,6 +381,7 @@ def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kerne
         q = torch.randn(spec.b, spec.h, spec.s, spec.d, device="cuda", dtype=dt)
         k = torch.randn(spec.b, spec.kvh, spec.t, spec.d, device="cuda", dtype=dt)
         v = torch.randn(spec.b, spec.kvh, spec.t, spec.dv, device="cuda", dtype=dt)
+        q, k, v = (x.transpose(1, 2).contiguous() if t else x for x, t in zip((q, k, v), spec.bshd))
         o = torch.empty(spec.b, spec.h, spec.s, spec.dv, device="cuda", dtype=dt)
         mask = (torch.zeros(spec.mask_shape, device="cuda",
                             dtype=getattr(torch, spec.mask_dtype)) if spec.mask_kind else o)
@@ -375,7 +394,8 @@ def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kerne
     pointers = {"q_ptr": spec.dtype, "k_ptr": spec.dtype, "v_ptr": spec.dtype,
                 "mask_ptr": spec.mask_dtype if spec.mask_kind else spec.dtype, "o_ptr": spec.dtype}
     what = (f"attention B{spec.b} H{spec.h}/{spec.kvh} S{spec.s} T{spec.t} D{spec.d} {spec.dtype}"
-            + (" causal" if spec.causal else "") + (" +mask" if spec.mask_kind else ""))
+            + (" causal" if spec.causal else "") + (" +mask" if spec.mask_kind else "")
+            + (" BSHD in" if any(spec.bshd) else ""))
     kernel = lib.compile(attention_kernel, pointers, constexprs(c), c["num_warps"],
                          c["num_stages"], what)
     return kernel, (_cdiv(spec.s, c["BLOCK_M"]), spec.b * spec.h, 1)
@@ -457,9 +477,22 @@ def call_attention(bb, lib: TritonLibrary, q, k, v, mask, attrs: Dict[str, Any])
 
     qs, ks, vs = ([int(x) for x in e.ty.shape] for e in (q, k, v))
     dtype = str(q.ty.dtype)
+    # Q / K / V that are permute_dims(x, [0, 2, 1, 3]) of a [B, S, H, D] x: read x in place
+    sources, bshd = [], []
+    for e in (q, k, v):
+        src = e
+        if isinstance(e, relax.Var):
+            src = bb.lookup_binding(e) or e
+        if (isinstance(src, relax.Call) and getattr(src.op, "name", "") == "relax.permute_dims"
+                and src.attrs.axes is not None and [int(a) for a in src.attrs.axes] == [0, 2, 1, 3]):
+            sources.append(src.args[0])
+            bshd.append(True)
+        else:
+            sources.append(e)
+            bshd.append(False)
     kind = {"none": 0, "additive": 1, "boolean": 2}[text(attrs.get("mask_kind", "none"))]
     mask_shape: Tuple[int, ...] = ()
-    inputs = [q, k, v]
+    inputs = list(sources)
     if mask is not None and kind:
         ms = [int(x) for x in mask.ty.shape]
         if len(ms) > 4:
@@ -471,7 +504,7 @@ def call_attention(bb, lib: TritonLibrary, q, k, v, mask, attrs: Dict[str, Any])
     spec = AttentionSpec(qs[0], qs[1], ks[1], qs[2], ks[2], qs[3], vs[3], dtype,
                          float(attrs["scale"]), kind, mask_shape,
                          str(mask.ty.dtype) if kind else "", bool(int(attrs.get("is_causal", 0)))
-                         and not kind, bool(int(attrs.get("nan_to_zero", 0))))
+                         and not kind, bool(int(attrs.get("nan_to_zero", 0))), tuple(bshd))
     kernel, grid = attention_kernel_for(lib, spec)
     out_shape = [qs[0], qs[1], qs[2], vs[3]]
     buffers = [([int(x) for x in e.ty.shape], str(e.ty.dtype)) for e in inputs] + [(out_shape, dtype)]

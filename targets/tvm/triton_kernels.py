@@ -35,8 +35,9 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr,
 
     A: [M, K] at ``a_ptr + z * stride_ab``; B: [K, N] at ``b_ptr + z * stride_bb`` (stride 0: one
     weight for every z); bias: [N]; R and C: [M, N] row-major at ``z * M * N``. Accumulation in
-    float32; ``PRECISION`` is ``tl.dot``'s ``input_precision`` for float32 inputs ("ieee": exact
-    fp32 FMA, "tf32": tensor cores with a 10-bit mantissa). GELU is
+    float32; ``PRECISION`` is ``tl.dot``'s ``input_precision`` for float32 inputs ("ieee": fp32
+    FMA, "tf32": tensor cores with a 10-bit mantissa, "tf32x3": three TF32 products per pair,
+    error-compensated; "none" for fp16 / bf16). GELU is
     0.5 x (1 + erf(x / sqrt 2)) (Hendrycks & Gimpel 2016), GELU_TANH its tanh form. Program ids are
     grouped by ``GROUP_M`` rows of tiles so neighbouring programs share B tiles in L2 (Triton's
     matmul tutorial ordering).
@@ -93,8 +94,9 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr,
 def attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr,
                      H: tl.constexpr, GROUP: tl.constexpr, S: tl.constexpr, T: tl.constexpr,
                      D: tl.constexpr, DV: tl.constexpr,
-                     sqb: tl.constexpr, sqh: tl.constexpr, skb: tl.constexpr, skh: tl.constexpr,
-                     svb: tl.constexpr, svh: tl.constexpr,
+                     sqb: tl.constexpr, sqh: tl.constexpr, sqs: tl.constexpr,
+                     skb: tl.constexpr, skh: tl.constexpr, sks: tl.constexpr,
+                     svb: tl.constexpr, svh: tl.constexpr, svs: tl.constexpr,
                      smb: tl.constexpr, smh: tl.constexpr, sms: tl.constexpr,
                      SCALE: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr,
                      NAN_TO_ZERO: tl.constexpr, PRECISION: tl.constexpr,
@@ -104,8 +106,9 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr,
     one [BLOCK_M, DV] tile of one (batch, head) = ``program_id(1)``; K/V tiles stream through with
     an online softmax (running max and sum, float32), so the [S, T] scores are never stored.
 
-    Q: [B, H, S, D], K: [B, H / GROUP, T, D], V: [B, H / GROUP, T, DV], O: [B, H, S, DV]; the last
-    two axes of each are row-major, the batch / head strides are given (query head h reads KV head
+    Q: [B, H, S, D], K: [B, H / GROUP, T, D], V: [B, H / GROUP, T, DV], O: [B, H, S, DV]
+    (contiguous); Q, K and V are read through their batch / head / sequence strides with unit stride
+    over the head dim, so a [B, S, H, D] tensor is read in place (query head h reads KV head
     h // GROUP: grouped-query attention). The mask (``MASK`` 1: additive, any float dtype; 2:
     boolean, True = attend) is [*, *, S, T] with strides ``smb``, ``smh``, ``sms`` (0 where it
     broadcasts) and unit stride over T. ``CAUSAL``: key j is visible to query i when j <= i
@@ -123,7 +126,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr,
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q_ptrs = q_ptr + b * sqb + h * sqh + offs_m[:, None] * D + offs_d[None, :]
+    q_ptrs = q_ptr + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :]
     q = tl.load(q_ptrs, mask=(offs_m[:, None] < S) & (offs_d[None, :] < D), other=0.0)
     k_base = k_ptr + b * skb + kvh * skh
     v_base = v_ptr + b * svb + kvh * svh
@@ -136,7 +139,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr,
         hi = T
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
-        kt = tl.load(k_base + cols[None, :] * D + offs_d[:, None],
+        kt = tl.load(k_base + cols[None, :] * sks + offs_d[:, None],
                      mask=(cols[None, :] < T) & (offs_d[:, None] < D), other=0.0)
         if PRECISION == "none":
             qk = tl.dot(q, kt) * SCALE
@@ -159,7 +162,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr,
         p = tl.math.exp2((qk - m_safe[:, None]) * LOG2E)
         alpha = tl.math.exp2((m_i - m_safe) * LOG2E)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + cols[:, None] * DV + offs_dv[None, :],
+        v = tl.load(v_base + cols[:, None] * svs + offs_dv[None, :],
                     mask=(cols[:, None] < T) & (offs_dv[None, :] < DV), other=0.0)
         if PRECISION == "none":
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
