@@ -147,18 +147,46 @@ def emitter_names() -> List[str]:
 
 
 def get_emitter(name: str) -> Emitter:
-    """The emitter called ``name``.
+    """The emitter called ``name``, optionally with constructor options in braces, as in pipeline
+    text: ``tvm{kernels=triton,fp32_precision=tf32x3,cuda_graph=false}`` (the options are the
+    emitter class's constructor arguments, converted to their annotated types).
 
     Raises:
-        UserError: unknown name (closest names suggested), or an emitter that is not implemented
-            in this version (``tvm``, ``tensorrt``).
+        UserError: unknown name (closest names suggested), an emitter that is not implemented in
+            this version (``tensorrt``), an unknown option (the known ones listed) or a value of
+            the wrong type.
     """
+    import inspect
+    import typing
+
+    from passctl.passes.pipeline_text import _convert
+
+    text = name.strip()
+    base, brace, rest = text.partition("{")
     reg = _registry()
-    emitter = reg.get(name.strip().lower())
+    emitter = reg.get(base.strip().lower())
     if emitter is None:
-        close = difflib.get_close_matches(name.lower(), list(reg), n=2, cutoff=0.4)
+        close = difflib.get_close_matches(base.lower(), list(reg), n=2, cutoff=0.4)
         hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-        raise UserError(f"unknown emitter '{name}': {hint}known emitters: {', '.join(reg)}")
+        raise UserError(f"unknown emitter '{base}': {hint}known emitters: {', '.join(reg)}")
     if not emitter.implemented:
         raise emitter.error()
-    return emitter
+    if not brace:
+        return emitter
+    if not rest.endswith("}"):
+        raise UserError(f"--emit '{text}': options go in braces at the end, e.g. "
+                        f"'{base}{{key=value,key=value}}'")
+    cls = type(emitter)
+    hints = typing.get_type_hints(cls.__init__)
+    known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    options = {}
+    for item in filter(None, (x.strip() for x in rest[:-1].split(","))):
+        key, eq, raw = (x.strip() for x in item.partition("="))
+        if key not in known or not eq:
+            raise UserError(f"--emit '{text}': unknown {base} emitter option '{item}'; "
+                            f"known: {', '.join(known)} (as key=value)")
+        try:
+            options[key] = _convert(raw, hints.get(key, str))
+        except ValueError as e:
+            raise UserError(f"--emit '{text}': option {key}='{raw}' must be {e}") from None
+    return cls(**options)

@@ -98,17 +98,21 @@ class TvmEmitter(Emitter):
         fp32_precision: float32 GEMMs / attention on Triton: ``"ieee"`` (float32 FMA),
             ``"tf32x3"`` (tensor cores, error-compensated: three TF32 products per input pair) or
             ``"tf32"`` (tensor cores, 10-bit mantissa: a precision change, off unless asked for).
-        cuda_graph: capture the Relax VM's kernel launches in CUDA graphs
-            (``relax.backend.use_cuda_graph``), which removes per-launch CPU overhead.
+        cuda_graph: CUDA only: capture the Relax VM's kernel launches in CUDA graphs
+            (``relax.backend.use_cuda_graph``; TVM artifacts have static shapes), which removes
+            per-launch CPU overhead (BERT-base b8 s128 fp32 on the H200: 6.25 -> 6.01 ms).
     """
 
     name = "tvm"
 
     def __init__(self, schedule: bool = True, self_check: bool = True, tensorize: bool = True,
                  kernels: str = "auto", tune: Optional[bool] = None, fp32_precision: str = "ieee",
-                 cuda_graph: bool = False):
+                 cuda_graph: bool = True):
         if kernels not in ("auto", "triton", "tvm"):
             raise UserError(f"TVM emitter kernels='{kernels}': use 'auto', 'triton' or 'tvm'")
+        if fp32_precision not in ("ieee", "tf32", "tf32x3"):
+            raise UserError(f"TVM emitter fp32_precision='{fp32_precision}': use 'ieee', 'tf32' or "
+                            "'tf32x3'")
         self.schedule = schedule
         self.self_check = self_check
         self.tensorize = tensorize
