@@ -11,14 +11,17 @@ median with a device synchronization is printed beside it as a cross-check):
 1. ``attention`` B8 H16 S4096 D64: q, k, v ~ N(0, 1) in [B, H, S, D].
    - ``torch unfused``: ``softmax(q @ k^T * d^-0.5) @ v`` in torch fp16 ops;
    - ``torch sdpa``: ``F.scaled_dot_product_attention`` (torch's flash kernel);
-   - ``tvm unfused``: that decomposed graph as ONNX -> passctl ``lower-tvm`` -> TVM emitter (h200);
-   - ``tvm substituted``: passctl ``flash-attn`` (-> ``passctl::Attention``) -> TVM emitter, whose
-     Relax converter (passes/attention/tvm_relax.py) calls TVM's flash-style prefill TIR kernel.
+   - ``tvm unfused``: that decomposed graph as ONNX -> passctl ``lower-tvm`` -> TVM emitter (h200)
+     with TVM's DLight kernels only (``kernels=tvm``);
+   - ``tvm substituted``: passctl ``flash-attn`` (-> ``passctl::Attention``) -> TVM emitter with
+     ``kernels=triton``: the Triton FlashAttention-2 kernel embedded in the library.
 2. ``bert-base`` batch 8, sequence 512, ``input_ids`` only (full-length sequences, no mask):
    transformers ``BertModel(BertConfig())`` with random weights plus N(0, 0.02) noise, fp16 on CUDA.
    - ``torch eager`` / ``torch sdpa`` (``attn_implementation``);
-   - ``tvm unfused``: legacy ONNX export (opset 17, static shapes) -> ``cleanup,lower-tvm``;
-   - ``tvm substituted``: ``cleanup,flash-attn,lower-tvm``;
+   - ``tvm unfused``: legacy ONNX export (opset 17, static shapes, eager attention) ->
+     ``cleanup,lower-tvm``, DLight kernels only;
+   - ``tvm unfused (Triton GEMMs)``: ``cleanup,fuse,lower-tvm`` with Triton GEMMs;
+   - ``tvm substituted``: ``cleanup,flash-attn,lower-tvm`` with Triton kernels;
    - ``tvm fuse+substituted``: ``cleanup,fuse,flash-attn,lower-tvm`` (LayerNorm/GELU too).
 
 Numerics: every variant against an fp32 torch reference on the GPU (max abs error, and max abs error

@@ -1,27 +1,28 @@
-"""BERT-base on one GPU: TVM's default pipeline on the raw ONNX export vs passctl (cleanup,fuse) -> TVM,
-next to torch eager and sdpa attention; batch 8, seq 128 fp32 and seq 512 fp16. Also passctl
-``cleanup,fuse,flash-attn`` -> TVM (passctl::Attention through passes/attention/tvm_relax.py), and
-(``512:amp``, issue 8) passctl ``cleanup,fuse,amp{dtype=fp16}`` on the fp32 export (calibrated on
-the run's feeds; the child prints which nodes amp kept float32) against the fp32 passctl artifact.
+"""BERT-base on one GPU: TVM's default pipeline vs passctl -> TVM, next to torch eager and sdpa;
+batch 8, seq 128 fp32 and seq 512 fp16 (and ``512:amp``: passctl ``amp{dtype=fp16}`` on the fp32
+export against the fp32 passctl artifact).
 
 Run on the H200 machine (see ../shared/GPU.md: TVM from /tmp/tvmsite):
 
-    export PYTHONPATH=/tmp/tvmsite:$PWD && python3 benchmarks/gpu_tvm.py
+    export PYTHONPATH=/tmp/tvmsite:$PWD && python3 benchmarks/gpu_tvm.py [--configs 128:fp32,512:fp16]
+        [--variants REGEX] [--budget-s 480]
 
 The script exports BERT-base itself (transformers ``BertModel(BertConfig())``, random weights plus
-N(0, 0.02) noise so no norm is the identity, legacy ONNX exporter, opset 17, static shapes), so no
-file travels. Each variant runs in its own try/except and prints its error instead of stopping the
-run; each TVM variant runs in a child process of this script (TVM 0.27 can segfault while building:
-DLight's fp16 tensorization did so when cross-compiling BERT fp16 for sm_90 here; a crashed passctl
-variant is retried without tensor cores), with a ``CHILD_TIMEOUT_S`` limit and the whole run kept
-within ``--budget-s`` (the GPU machine takes 600 s per command). Timing: CUDA events around ``--runs``
+N(0, 0.02) noise so no norm is the identity, eager attention, legacy ONNX exporter, opset 17,
+static shapes), so no file travels. Variants (``VARIANTS`` per dtype, ``PASSCTL_VARIANTS``):
+- ``tvm default``: TVM 0.27's ONNX frontend + ``tvm.compile`` default pipeline on the raw export;
+  ``tvm default (cleaned)``: the same on the export after passctl ``cleanup,lower-tvm`` (TVM's
+  frontend cannot import the raw BERT export: broadcast_to rank error); ratios are against it.
+- ``passctl -> tvm``: ``cleanup,fuse`` -> the TVM emitter with Triton GEMM / attention kernels
+  tuned on this GPU and CUDA graphs (docs/tvm.md); ``+flash-attn``: ``cleanup,fuse,flash-attn``;
+  ``(3xTF32)`` / ``tf32``: ``fp32_precision`` tf32x3 / tf32 (tf32 changes precision);
+  ``(DLight only)``: ``kernels=tvm``; ``(no cuda graph)``.
+Each TVM variant runs in a child process (TVM 0.27 can segfault while building) with a
+``CHILD_TIMEOUT_S`` limit, the whole run kept within ``--budget-s`` (the GPU machine takes 600 s
+per command); the children's Triton tile choices are printed. Timing: CUDA events around ``--runs``
 calls after ``--warmup`` calls (TVM calls end with a device sync before the end event); the median
-of ``--repeats`` such windows, in ms per call. Numerics: max
-relative error (max |a - b| / max |ref|) of last_hidden_state against torch eager fp32. The table comes
-last; ratios are against TVM's default pipeline on the raw export (higher = faster than it), or,
-when TVM's frontend cannot import the raw export (TVM 0.27 fails on BERT's scalar ConstantOfShape),
-against TVM's default pipeline on the export after passctl ``cleanup,lower-tvm``; amp rows against
-the fp32 passctl artifact. A failed child's compiler error lines are printed in full.
+of ``--repeats`` such windows, in ms per call. Numerics: max relative error (max |a - b| /
+max |ref|) of last_hidden_state against torch eager fp32. The table comes last.
 """
 
 from __future__ import annotations
