@@ -43,26 +43,9 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-REPO = Path(__file__).resolve().parents[1]
+from passctl_path import ensure_passctl_importable  # noqa: E402
 
-
-def _ensure_passctl_importable() -> None:
-    """The repository root is the ``passctl`` package (setup.py maps ir/, passes/... to passctl.*);
-    without an install, expose it as ``passctl`` through a symlink in a temporary folder."""
-    try:
-        import passctl.passes  # noqa: F401
-        return
-    except ImportError:
-        pass
-    link_dir = Path(tempfile.mkdtemp(prefix="passctl-path-"))
-    (link_dir / "passctl").symlink_to(REPO, target_is_directory=True)
-    sys.path.insert(0, str(link_dir))
-    for name in [m for m in sys.modules if m == "passctl" or m.startswith("passctl.")]:
-        del sys.modules[name]
-    import passctl.passes  # noqa: F401
-
-
-_ensure_passctl_importable()
+ensure_passctl_importable()
 
 ROWS: List[Dict] = []
 

@@ -18,25 +18,14 @@ not tuned here (numerics only); ``--filter REGEX`` runs a subset.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import tempfile
 import traceback
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from passctl_path import ensure_passctl_importable  # noqa: E402
 
-
-def _import_passctl():
-    try:
-        import passctl  # noqa: F401
-        return
-    except ImportError:
-        pass
-    shim = tempfile.mkdtemp(prefix="passctl-shim-")
-    os.symlink(REPO, os.path.join(shim, "passctl"))
-    sys.path.insert(0, shim)
 
 
 def gemm_graph(dtype, act, residual, transposed, m=300, k=200, n=384, seed=0):
@@ -200,7 +189,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--filter", default="", help="run only the cases whose name matches this regex")
     args = parser.parse_args()
-    _import_passctl()
+    ensure_passctl_importable()
     cases = []
     for graph in (True, False):
         tag = "cuda graph" if graph else "no cuda graph"

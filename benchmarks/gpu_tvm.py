@@ -39,20 +39,8 @@ import traceback
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from passctl_path import ensure_passctl_importable  # noqa: E402
 
-
-def _import_passctl():
-    """Make ``import passctl`` work from a checkout (the package root is the repository folder)."""
-    try:
-        import passctl  # noqa: F401
-        return
-    except ImportError:
-        pass
-    shim = tempfile.mkdtemp(prefix="passctl-shim-")
-    os.symlink(REPO, os.path.join(shim, "passctl"))
-    sys.path.insert(0, shim)
-    import passctl  # noqa: F401
 
 
 def export_bert(path: str, batch: int, seq: int, fp16: bool, device) -> object:
@@ -183,7 +171,6 @@ def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse", **emitter):
     TvmEmitter(**emitter).emit(model, get_target(profile), out)
     compile_s = time.perf_counter() - t0
     art = load_artifact(out)
-    LAST_ARTIFACT.append(art)
     triton = art.manifest.get("triton") or {}
     for spec in triton.get("specializations", []):
         print(f"  triton kernel: {spec['what']}: {spec['config']}", file=sys.stderr)
@@ -194,26 +181,6 @@ def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse", **emitter):
 
     result = art.run(feeds)
     return call, art.device.sync, next(iter(result.values())), compile_s
-
-
-LAST_ARTIFACT = []
-"""The passctl artifact a child built (for --profile-kernels)."""
-
-
-def profile_kernels(art, feeds, top: int = 25) -> None:
-    """Print (stderr) the ``top`` kernels by total time from the Relax VM profiler (one call, no
-    CUDA graph: a captured graph shows as a single entry)."""
-    import tvm
-    from tvm import relax
-
-    lib = tvm.runtime.load_module(os.path.join(art.folder, art.manifest["library"]))
-    vm = relax.VirtualMachine(lib, art.device, profile=True)
-    args = art._args(feeds)  # inputs then the (already transformed) weights
-    vm["main"](*args)
-    report = vm.profile("main", *args)
-    lines = str(report.table(sort=True, aggregate=True, col_sums=True)).splitlines()
-    for line in lines[:top + 2] + lines[-6:]:
-        print("PROFILE " + line, file=sys.stderr, flush=True)
 
 
 TRITON = {"kernels": "triton", "tensorize": False, "cuda_graph": True}
@@ -265,7 +232,7 @@ def child(args) -> int:
 
     import torch  # noqa: F401  (CUDA events)
 
-    _import_passctl()
+    ensure_passctl_importable()
     work = os.path.dirname(args.child_onnx)
     feeds = dict(np.load(os.path.join(work, "feeds.npz")))
     ref = np.load(os.path.join(work, "ref32.npy"))
@@ -273,11 +240,6 @@ def child(args) -> int:
                                                  args.profile)
     ms = cuda_time(call, sync, args.runs, args.warmup, args.repeats)
     result = {"ms": ms, "err": rel(out, ref), "compile_s": compile_s}
-    if args.profile_kernels and LAST_ARTIFACT and "no cuda graph" in args.child:
-        try:
-            profile_kernels(LAST_ARTIFACT[-1], feeds)
-        except Exception as e:  # noqa: BLE001  (a diagnostic only)
-            print(f"PROFILE failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     if AMP_REPORT:
         kept = [n for n in AMP_REPORT.get("nodes", []) if n.get("precision") == "fp32"]
         result["amp"] = {"low_nodes": AMP_REPORT.get("low_nodes"), "fp32_nodes": len(kept),
@@ -293,8 +255,7 @@ def isolated(name: str, path: str, args, arch: str, timeout: float = 0):
 
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-onnx", path,
            "--arch", arch, "--profile", args.profile, "--runs", str(args.runs), "--warmup",
-           str(args.warmup), "--repeats", str(args.repeats)] + (
-               ["--profile-kernels"] if args.profile_kernels else [])
+           str(args.warmup), "--repeats", str(args.repeats)]
     timeout = timeout or CHILD_TIMEOUT_S
     if timeout < 20:
         return float("nan"), float("nan"), float("nan"), "skipped: --budget-s spent"
@@ -310,7 +271,7 @@ def isolated(name: str, path: str, args, arch: str, timeout: float = 0):
             print(f"--- {name}: amp kept {amp['fp32_nodes']} nodes float32, {amp['low_nodes']} "
                   "fp16 ---\n" + "\n".join(amp["fp32"][:60]), flush=True)
         for line in (r.stderr or "").splitlines():  # kernel choices and profiles
-            if line.startswith(("  triton kernel", "PROFILE")):
+            if line.startswith("  triton kernel"):
                 print(f"[{name}] {line}", flush=True)
         return d["ms"], d["err"], d["compile_s"], ""
     tail = [ln for ln in (r.stderr or "").strip().splitlines() if ln.strip()]
@@ -339,9 +300,6 @@ def main() -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-onnx", help=argparse.SUPPRESS)
     parser.add_argument("--arch", help=argparse.SUPPRESS)
-    parser.add_argument("--profile-kernels", action="store_true",
-                        help="print the Relax VM profiler's top kernels of the '(no cuda graph)' "
-                             "passctl variant")
     parser.add_argument("--budget-s", type=float, default=480,
                         help="wall-clock budget of the whole run; TVM variants get what is left")
     args = parser.parse_args()
@@ -351,7 +309,7 @@ def main() -> int:
 
     import torch
 
-    _import_passctl()
+    ensure_passctl_importable()
     from passctl.targets import get_target
 
     profile = get_target(args.profile)
