@@ -24,7 +24,6 @@ import traceback
 
 import numpy as np
 
-from passctl_path import ensure_passctl_importable  # noqa: E402
 
 
 
@@ -189,6 +188,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--filter", default="", help="run only the cases whose name matches this regex")
     args = parser.parse_args()
+    from passctl_path import ensure_passctl_importable  # benchmarks/ is sys.path[0] for a script
+
     ensure_passctl_importable()
     cases = []
     for graph in (True, False):
