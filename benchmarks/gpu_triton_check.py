@@ -25,8 +25,6 @@ import traceback
 import numpy as np
 
 
-
-
 def gemm_graph(dtype, act, residual, transposed, m=300, k=200, n=384, seed=0):
     """ONNX y = act(x @ W + b) (+ r); returns (model, feeds, numpy float64 reference)."""
     from onnx import TensorProto, helper, numpy_helper
