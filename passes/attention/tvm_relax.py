@@ -138,6 +138,10 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=Non
         rank = len(mask.ty.shape)
         if rank < 4:
             bias = op.expand_dims(bias, list(range(4 - rank)))
+        t = int(bb.normalize(k).ty.shape[2])  # k may be a repeat (GQA) here
+        if int(mask.ty.shape[-1]) != t:  # nn.attention needs the bias's key axis materialized
+            bias = bb.normalize(bias)
+            bias = op.broadcast_to(bias, [int(x) for x in list(bias.ty.shape)[:-1]] + [t])
     # NOTE: with a mask the causal flag is only a hint (the mask holds the causal part), and TVM
     # 0.27's legalized nn.attention returns NaN when it gets both a bias and causal_mask.
     causal = "TopLeft" if int(attrs.get("is_causal", 0)) and bias is None else None

@@ -172,3 +172,25 @@ def test_cpu_artifact_unaffected_by_kernel_options(tmp_path):
     x = np.random.default_rng(2).standard_normal((2, 8, K)).astype(np.float32)
     got = run_tvm(tmp_path / "a", {"x": x})["y"]
     assert rel_err(got, run_ort(to_onnx(model), {"x": x})["y"]) <= 1e-5
+
+
+def test_fp32_attention_mask_broadcast_over_keys_on_cpu(tmp_path):
+    """An additive mask [1, 1, S, 1] (broadcast over keys) with GQA: TVM's fp32 nn.attention wants
+    the bias's key axis materialized (passes/attention/tvm_relax.py broadcasts it); vs numpy."""
+    shapes = {"q": [1, 2, 8, 16], "k": [1, 1, 8, 16], "m": [1, 1, 8, 1]}
+    node = helper.make_node("Attention", ["q", "k", "k", "m"], ["y"], domain="passctl", scale=0.25,
+                            mask_kind="additive", is_causal=0, num_heads=2, kv_num_heads=1,
+                            softmax_precision=1, nan_to_zero=0)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shapes.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 16])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("passctl", 1)])
+    TvmEmitter().emit(from_onnx(model), get_target("cpu"), str(tmp_path / "a"))
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    k = feeds["k"].astype(np.float64)
+    scores = 0.25 * feeds["q"].astype(np.float64) @ k.transpose(0, 1, 3, 2) + feeds["m"]
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ k
+    assert rel_err(run_tvm(tmp_path / "a", feeds)["y"], want) <= 1e-5
