@@ -575,7 +575,8 @@ def dispatch_gemms(mod, lib: TritonLibrary):
         b_src, transposed = b, False
         src = value_of.get(b)
         if (src is not None and _is_call(src, "relax.permute_dims")
-                and [int(x) for x in src.attrs.axes] == [1, 0]
+                and (src.attrs.axes is None  # no perm: axes reversed, [1, 0] for 2-d
+                     or [int(x) for x in src.attrs.axes] == [1, 0])
                 and _static_shape(src.args[0]) is not None):
             b_src, transposed = src.args[0], True
         cur, bias, act, res = bd.var, None, 0, None

@@ -99,7 +99,7 @@ def _gemm_model(kind: str, dtype: str = "float32"):
     """x [2, 8, 24] @ W [24, 32] (+ epilogue by ``kind``) as ONNX."""
     tp = TensorProto.FLOAT if dtype == "float32" else TensorProto.FLOAT16
     rng = np.random.default_rng(0)
-    w_shape = (32, 24) if kind == "transposed" else (24, 32)
+    w_shape = (32, 24) if kind.startswith("transposed") else (24, 32)
     inits = {"w": rng.standard_normal(w_shape), "b": rng.standard_normal(32),
              "w2": rng.standard_normal((32, 24)), "b2": rng.standard_normal(24)}
     mm = helper.make_node("MatMul", ["x", "w"], ["m"])
@@ -119,6 +119,9 @@ def _gemm_model(kind: str, dtype: str = "float32"):
         "transposed": [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
                        helper.make_node("MatMul", ["x", "wt"], ["m"]),
                        helper.make_node("Add", ["m", "b"], ["y"])],
+        "transposed_no_perm": [helper.make_node("Transpose", ["w"], ["wt"]),  # axes reversed
+                               helper.make_node("MatMul", ["x", "wt"], ["m"]),
+                               helper.make_node("Add", ["m", "b"], ["y"])],
         "two_consumers": [mm, helper.make_node("Add", ["m", "b"], ["y"]),
                           helper.make_node("Relu", ["m"], ["z"])],
         "relu_without_bias": [mm, helper.make_node("Relu", ["m"], ["y"])],
@@ -153,6 +156,7 @@ GEMM_CASES = {
     "residual_then_bias": (["gemm 16x24x32 float32 +bias +residual"], [[0, 1, 2, 3, 4]]),
     "bias_first": (["gemm 16x24x32 float32 +bias"], [[0, 1, 2, 3, 3]]),
     "transposed": (["gemm 16x24x32 float32 B^T +bias"], [[0, 1, 2, 3, 3]]),
+    "transposed_no_perm": (["gemm 16x24x32 float32 B^T +bias"], [[0, 1, 2, 3, 3]]),
     "two_consumers": (["gemm 16x24x32 float32"], [[0, 1, 2, 2, 2]]),
     "relu_without_bias": (["gemm 16x24x32 float32"], [[0, 1, 2, 2, 2]]),
     "mlp": (["gemm 16x24x32 float32 +bias gelu", "gemm 16x32x24 float32 +bias +residual"],
