@@ -37,6 +37,26 @@ _TRITON_TYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "bool
                  "int8": "i8", "uint8": "u8", "int32": "i32", "int64": "i64"}
 
 
+#: Most dynamic shared memory one thread block may use (opt-in), bytes, per compute capability
+#: (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"); others: 48 KiB.
+MAX_SHARED_BYTES = {(7, 0): 96 * 1024, (7, 2): 96 * 1024, (7, 5): 64 * 1024, (8, 0): 163 * 1024,
+                    (8, 6): 99 * 1024, (8, 7): 163 * 1024, (8, 9): 99 * 1024, (9, 0): 227 * 1024,
+                    (10, 0): 227 * 1024, (12, 0): 99 * 1024}
+
+
+class SharedMemoryError(RuntimeError):
+    """A kernel specialization needs more shared memory per block than its compute capability
+    has (it would fail at launch); Triton only checks this against a local GPU.
+
+    Attributes:
+        shared: the bytes it needs.
+    """
+
+    def __init__(self, message: str, shared: int):
+        super().__init__(message)
+        self.shared = shared
+
+
 def available() -> Tuple[bool, str]:
     """Whether Triton kernels can be embedded here: ``(ok, reason when not)``.
 
@@ -100,6 +120,11 @@ class TritonLibrary:
             10-bit mantissa: a precision change) or ``"tf32x3"`` (tensor cores, each input split
             into a TF32 high and low part and three products summed: about 21 mantissa bits, the
             error-compensated "3xTF32" of CUTLASS / Ootomo & Yokota 2022).
+
+    Attributes:
+        max_shared: shared memory per block the device allows, bytes (:data:`MAX_SHARED_BYTES`);
+            a specialization needing more is not compiled (:func:`_compile_fitting` picks
+            another configuration).
     """
 
     def __init__(self, compute_capability: Tuple[int, int], sm_count: int = 0,
@@ -108,6 +133,7 @@ class TritonLibrary:
             raise UserError(f"fp32 GEMM precision '{fp32_precision}': use 'ieee', 'tf32' or "
                             "'tf32x3'")
         self.cc = tuple(compute_capability)
+        self.max_shared = MAX_SHARED_BYTES.get(self.cc, 48 * 1024)
         self.sm_count = sm_count or 100
         self.tune = tune
         self.fp32_precision = fp32_precision
@@ -127,6 +153,8 @@ class TritonLibrary:
             what: a label for the manifest (``"gemm 1024x768x3072 float16 +bias gelu"``).
 
         Raises:
+            SharedMemoryError: the kernel needs more shared memory per block than
+                :data:`MAX_SHARED_BYTES` allows for this compute capability.
             RuntimeError: Triton rejects the specialization (the kernel needs global scratch
                 memory, or compilation fails).
         """
@@ -153,6 +181,10 @@ class TritonLibrary:
         meta = compiled.metadata
         if getattr(meta, "global_scratch_size", 0) or getattr(meta, "num_ctas", 1) != 1:
             raise RuntimeError(f"{what}: Triton kernel needs global scratch or clusters")
+        if int(meta.shared) > self.max_shared:
+            raise SharedMemoryError(f"{what}: {int(meta.shared)} bytes of shared memory per block, "
+                                    f"sm_{self.cc[0]}{self.cc[1]} has {self.max_shared}",
+                                    int(meta.shared))
         name = f"passctl_{fn.__name__}_{len(self.kernels)}"
         ptx = re.sub(r"\b" + re.escape(compiled.name) + r"\b", name, compiled.asm["ptx"])
         hidden = _entry_params(ptx, name) - len(pointer_params)
@@ -217,6 +249,32 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _compile_fitting(lib: TritonLibrary, fn, pointers: Dict[str, str],
+                     constexprs: Callable[[Dict[str, int]], Dict[str, Any]], first: Dict[str, int],
+                     candidates: Sequence[Dict[str, int]], what: str) -> Tuple[Kernel, Dict[str, int]]:
+    """Compile configuration ``first`` or, when it needs more shared memory than the device has,
+    the same tiles with fewer pipeline stages, then the other candidates in order (as Triton's
+    autotuner drops configurations that do not fit); returns the kernel and its configuration.
+
+    Raises:
+        ValueError: no candidate fits the device's shared memory.
+    """
+    for c in [first] + [x for x in candidates if x != first]:
+        needed = None
+        for stages in range(c["num_stages"], 0, -1):
+            config = dict(c, num_stages=stages)
+            try:
+                return lib.compile(fn, pointers, constexprs(config), config["num_warps"], stages,
+                                   what), config
+            except SharedMemoryError as e:
+                logger.debug("%s", e)
+                if e.shared == needed:  # fewer stages did not help (no async copies: sm_75)
+                    break
+                needed = e.shared
+    raise ValueError(f"{what}: no tile configuration fits the {lib.max_shared} bytes of shared "
+                     f"memory per block of sm_{lib.cc[0]}{lib.cc[1]}")
+
+
 # -- GEMM ------------------------------------------------------------------------------------
 
 def _gemm_candidates(dtype: str, precision: str) -> List[Dict[str, int]]:
@@ -264,7 +322,11 @@ class GemmSpec:
 
 
 def gemm_kernel_for(lib: TritonLibrary, spec: GemmSpec) -> Tuple[Kernel, Tuple[int, int, int]]:
-    """Compile the GEMM kernel for ``spec``; returns it and its grid."""
+    """Compile the GEMM kernel for ``spec``; returns it and its grid.
+
+    Raises:
+        ValueError: no tile configuration fits the device's shared memory.
+    """
     from passctl.targets.tvm.triton_kernels import gemm_kernel
 
     precision = "none" if spec.dtype != "float32" else lib.fp32_precision
@@ -299,8 +361,8 @@ def gemm_kernel_for(lib: TritonLibrary, spec: GemmSpec) -> Tuple[Kernel, Tuple[i
 
     c = lib._pick(_gemm_candidates(spec.dtype, precision), grid_of, bench)
     pointers = {p: spec.dtype for p in ("a_ptr", "b_ptr", "bias_ptr", "res_ptr", "c_ptr")}
-    kernel = lib.compile(gemm_kernel, pointers, constexprs(c), c["num_warps"], c["num_stages"],
-                         spec.label())
+    kernel, c = _compile_fitting(lib, gemm_kernel, pointers, constexprs, c,
+                                 _gemm_candidates(spec.dtype, precision), spec.label())
     return kernel, (grid_of(c), 1, 1)
 
 
@@ -344,7 +406,12 @@ def _attention_candidates(d: int) -> List[Dict[str, int]]:
 
 
 def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kernel, Tuple[int, int, int]]:
-    """Compile the FlashAttention kernel for ``spec``; returns it and its grid."""
+    """Compile the FlashAttention kernel for ``spec``; returns it and its grid.
+
+    Raises:
+        ValueError: the mask broadcasts over the key axis, or no tile configuration fits the
+            device's shared memory (the caller falls back to TVM's kernels).
+    """
     from passctl.targets.tvm.triton_kernels import attention_kernel
 
     if spec.mask_kind:
@@ -396,8 +463,8 @@ def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kerne
     what = (f"attention B{spec.b} H{spec.h}/{spec.kvh} S{spec.s} T{spec.t} D{spec.d} {spec.dtype}"
             + (" causal" if spec.causal else "") + (" +mask" if spec.mask_kind else "")
             + (" BSHD in" if any(spec.bshd) else ""))
-    kernel = lib.compile(attention_kernel, pointers, constexprs(c), c["num_warps"],
-                         c["num_stages"], what)
+    kernel, c = _compile_fitting(lib, attention_kernel, pointers, constexprs, c,
+                                 _attention_candidates(spec.d), what)
     return kernel, (_cdiv(spec.s, c["BLOCK_M"]), spec.b * spec.h, 1)
 
 
@@ -614,22 +681,30 @@ def dispatch_gemms(mod, lib: TritonLibrary):
         def visit_var_binding_(self, binding):
             if binding.var in plan:
                 a, b, transposed, bias, act, res = plan[binding.var]
-                new = call_gemm(self.builder_, lib, self.visit_expr(a), self.visit_expr(b),
-                                None if bias is None else self.visit_expr(bias), act,
-                                None if res is None else self.visit_expr(res), transposed)
+                try:
+                    new = call_gemm(self.builder_, lib, self.visit_expr(a), self.visit_expr(b),
+                                    None if bias is None else self.visit_expr(bias), act,
+                                    None if res is None else self.visit_expr(res), transposed)
+                except ValueError as e:  # no tile fits the device: the chain stays with TVM
+                    logger.info("GEMM on TVM kernels: %s", e)
+                    skipped.append(binding.var)
+                    super().visit_var_binding_(binding)
+                    return
                 # same shape and dtype as the binding's var: keep the var, so its uses stand
                 self.builder_.emit_normalized(relax.VarBinding(binding.var,
                                                                self.builder_.normalize(new)))
                 return
             super().visit_var_binding_(binding)
 
+    skipped: List[Any] = []
     rewriter = _Rewriter(mod)
     new_main = rewriter.visit_expr(func)
     out = rewriter.builder_.get()
     out["main"] = new_main
     out = relax.transform.DeadCodeElimination(["main"])(out)
-    return out, len(plan)
+    return out, len(plan) - len(skipped)
 
 
-__all__ = ["AttentionSpec", "GemmSpec", "Kernel", "TritonLibrary", "attention_kernel_for",
-           "available", "call_attention", "call_gemm", "dispatch_gemms", "gemm_kernel_for", "launcher"]
+__all__ = ["AttentionSpec", "GemmSpec", "Kernel", "MAX_SHARED_BYTES", "SharedMemoryError",
+           "TritonLibrary", "attention_kernel_for", "available", "call_attention", "call_gemm",
+           "dispatch_gemms", "gemm_kernel_for", "launcher"]

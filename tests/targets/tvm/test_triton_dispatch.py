@@ -266,3 +266,51 @@ def test_attention_mask_broadcast_over_keys_falls_back(h200):
     mod, _ = to_relax(from_onnx(model), "g", h200, lib)
     main = mod["main"].script()
     assert lib.log == [] and "R.nn.softmax" in main and "R.call_tir" not in main
+
+
+# -- shared memory per block -------------------------------------------------------------------
+
+def test_every_gpu_profile_has_a_shared_memory_limit():
+    from passctl.targets import list_targets
+    from passctl.targets.tvm.triton_dispatch import MAX_SHARED_BYTES
+
+    for profile in list_targets():
+        if profile.is_gpu:
+            assert profile.compute_capability in MAX_SHARED_BYTES, profile.name
+    assert MAX_SHARED_BYTES[(7, 5)] == 65536 and MAX_SHARED_BYTES[(9, 0)] == 232448
+
+
+def test_config_steps_down_to_fit_shared_memory():
+    spec = GemmSpec(1, 64, 64, 256, "float16", bias=True)
+    roomy = TritonLibrary((9, 0), 132)
+    big, _ = gemm_kernel_for(roomy, spec)
+    assert big.shared > 0
+    tight = TritonLibrary((9, 0), 132)
+    tight.max_shared = big.shared - 1  # a device with a little less shared memory per block
+    small, grid = gemm_kernel_for(tight, spec)
+    assert 0 < small.shared <= tight.max_shared
+    assert (small.config["num_stages"], small.config["BLOCK_N"]) != (big.config["num_stages"],
+                                                                    big.config["BLOCK_N"])
+    assert grid == (1, 1, 1) and len(tight.log) == 1 and tight.log[0]["shared_bytes"] == small.shared
+
+
+def test_nothing_fits_shared_memory_falls_back_to_tvm_kernels(h200, monkeypatch):
+    from passctl.targets.tvm import triton_dispatch
+
+    monkeypatch.setattr(triton_dispatch, "_gemm_candidates", lambda dtype, precision: [
+        {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1}])
+    monkeypatch.setattr(triton_dispatch, "_attention_candidates", lambda d: [
+        {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}])
+    lib = TritonLibrary((9, 0), 132)
+    lib.max_shared = -1  # no kernel fits
+    with pytest.raises(ValueError, match=r"no tile configuration fits the -1 bytes .* sm_90"):
+        gemm_kernel_for(lib, GemmSpec(1, 64, 64, 32, "float32"))
+    mod, _ = to_relax(from_onnx(_gemm_model("bias_gelu")), "g", h200, lib)
+    mod, count = dispatch_gemms(mod, lib)
+    main = mod["main"].script()
+    assert count == 0 and "R.matmul(" in main and "R.nn.gelu(" in main and "R.call_tir" not in main
+    model, _, _ = _check_script().attention_graph("float32", "additive", False, h=2, hkv=2, s=24,
+                                                  t=24, d=32)
+    mod, _ = to_relax(from_onnx(model), "g", h200, lib)
+    assert "R.nn.attention_bias(" in mod["main"].script()  # TVM's nn.attention with a mask
+    assert lib.log == [] and lib.kernels == {}
