@@ -1,5 +1,4 @@
-"""Triton dispatch of the TVM emitter's CUDA builds (targets/tvm/triton_dispatch.py), no GPU needed:
-PTX compilation for a compute capability, the Relax GEMM / attention rewrite and the h200 build."""
+"""Triton dispatch of TVM CUDA builds, no GPU: PTX per compute capability, Relax rewrite, build."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Triton GEMM / FlashAttention kernels (targets/tvm/triton_kernels.py) under Triton's interpreter."""
+"""Triton GEMM and FlashAttention kernels (targets/tvm/triton_kernels.py) on the interpreter."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The TVM emitter's CUDA build around the Triton kernels: weight packing (numerics on the CPU),
-kernel options and their fallback, target SM counts."""
+"""TVM CUDA builds around the Triton kernels: weight packing, kernel options, fallback, SMs."""
 
 from __future__ import annotations
 

@@ -1,13 +1,12 @@
-"""Numerics of targets/tvm/triton_kernels.py under Triton's interpreter vs numpy float64 (a script).
+"""Numerics of targets/tvm/triton_kernels.py under Triton's interpreter vs numpy (a script)."""
 
-Run as ``TRITON_INTERPRET=1 python triton_interp_cases.py``: Triton picks its interpreter when
-``@triton.jit`` decorates, i.e. when ``passctl.targets.tvm.triton_kernels`` is imported, so these
-cases run in their own process (test_triton_kernels.py starts it once) and never share a process
-with tests that import the kernels for compilation. Prints one JSON object:
-``{"interpreted": bool, "cases": {name: {"rel": float, "nan_match": bool, "nan_rows": int,
-"zero_rows": int}}}``; ``rel`` is max |got - want| / max |want| over the entries where the
-reference is finite.
-"""
+# Run as ``TRITON_INTERPRET=1 python triton_interp_cases.py``: Triton picks its interpreter when
+# ``@triton.jit`` decorates, i.e. when ``passctl.targets.tvm.triton_kernels`` is imported, so these
+# cases run in their own process (test_triton_kernels.py starts it once) and never share a process
+# with tests that import the kernels for compilation. Prints one JSON object:
+# ``{"interpreted": bool, "cases": {name: {"rel": float, "nan_match": bool, "nan_rows": int,
+# "zero_rows": int}}}``; ``rel`` is max |got - want| / max |want| over the entries where the
+# reference is finite.
 
 from __future__ import annotations
 
