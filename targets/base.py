@@ -35,6 +35,14 @@ class Emitter:
     #: True for emitters that exist by name only; :func:`get_emitter` refuses them.
     implemented: bool = True
 
+    def preflight(self, target: TargetProfile, check: bool = False) -> None:
+        """Refuse, before any pass runs, a request this emitter cannot fulfil for ``target`` on
+        this machine (``check``: the caller will run the artifact here afterwards).
+
+        Raises:
+            UserError: one line saying what is impossible and what to do instead.
+        """
+
     def write(self, model: Model, target: TargetProfile, folder: str) -> Dict[str, Any]:
         """Write the artifact for ``model`` into the existing, empty ``folder``.
 
@@ -173,20 +181,29 @@ def get_emitter(name: str) -> Emitter:
         raise emitter.error()
     if not brace:
         return emitter
-    if not rest.endswith("}"):
-        raise UserError(f"--emit '{text}': options go in braces at the end, e.g. "
+    if not rest.endswith("}") or rest.count("{") or rest.count("}") != 1:
+        raise UserError(f"--emit '{text}': options go in one pair of braces at the end, e.g. "
                         f"'{base}{{key=value,key=value}}'")
     cls = type(emitter)
     hints = typing.get_type_hints(cls.__init__)
     known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    options = {}
+    options: Dict[str, Any] = {}
     for item in filter(None, (x.strip() for x in rest[:-1].split(","))):
         key, eq, raw = (x.strip() for x in item.partition("="))
-        if key not in known or not eq:
-            raise UserError(f"--emit '{text}': unknown {base} emitter option '{item}'; "
+        if key not in known:
+            raise UserError(f"--emit '{text}': unknown {base} emitter option '{key}'; "
                             f"known: {', '.join(known)} (as key=value)")
+        if not eq:
+            raise UserError(f"--emit '{text}': option '{key}' needs a value ({key}=VALUE)")
+        if key in options:
+            raise UserError(f"--emit '{text}': option '{key}' is given twice")
+        if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
+            raw = raw[1:-1]
         try:
             options[key] = _convert(raw, hints.get(key, str))
         except ValueError as e:
             raise UserError(f"--emit '{text}': option {key}='{raw}' must be {e}") from None
-    return cls(**options)
+    try:
+        return cls(**options)
+    except UserError as e:
+        raise UserError(f"--emit '{text}': {e}") from None

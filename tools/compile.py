@@ -295,6 +295,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     plugins = load_plugins(args.load)
     target = get_target(args.target)
     emitter = get_emitter(args.emit or target.default_emitter)
+    emitter.preflight(target, check=bool(args.check))
     passes = build_pipeline(args.pipeline, target.name, emitter.name)
     dims, overrides = parse_dims(args.dim), load_input_file(args.inputs)
     _default_rtol(args, passes, console)

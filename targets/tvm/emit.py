@@ -85,8 +85,9 @@ class TvmEmitter(Emitter):
     Args:
         schedule: apply passctl's CPU schedules (llvm only; False gives TVM's unscheduled kernels).
         self_check: run the CPU artifact against ONNX Runtime after writing it.
-        tensorize: CUDA only: tensor-core (WMMA) schedules for fp16 matmuls (see
-            :func:`passctl.targets.tvm.build.gpu_pipeline`).
+        tensorize: CUDA only: DLight's tensor-core (WMMA) schedules for the fp16 / int8 matmuls
+            left to DLight (see :func:`passctl.targets.tvm.build.gpu_pipeline`). Off by default:
+            TVM 0.27 segfaults in Tensorize on fp16 matmuls (docs/tvm.md).
         kernels: CUDA only: ``"triton"`` runs GEMMs (with their bias / GELU / ReLU / residual
             epilogue) and ``passctl::Attention`` on Triton kernels embedded in the library
             (:mod:`passctl.targets.tvm.triton_dispatch`; TVM 0.27's wheel has no cuBLAS / cuDNN),
@@ -105,7 +106,7 @@ class TvmEmitter(Emitter):
 
     name = "tvm"
 
-    def __init__(self, schedule: bool = True, self_check: bool = True, tensorize: bool = True,
+    def __init__(self, schedule: bool = True, self_check: bool = True, tensorize: bool = False,
                  kernels: str = "auto", tune: Optional[bool] = None, fp32_precision: str = "ieee",
                  cuda_graph: bool = True):
         if kernels not in ("auto", "triton", "tvm"):
@@ -121,6 +122,32 @@ class TvmEmitter(Emitter):
         self.fp32_precision = fp32_precision
         self.cuda_graph = cuda_graph
 
+    def preflight(self, target: TargetProfile, check: bool = False) -> None:
+        """Refuse early what cannot work here (see :meth:`Emitter.preflight`): Triton kernels
+        asked for where they cannot be built, or for the CPU; ``--check`` of a CUDA artifact on a
+        machine without a CUDA device. A GPU-only option given for the CPU is a warning.
+
+        Raises:
+            UserError: one line with what to do instead.
+        """
+        if not target.is_gpu:
+            if self.kernels == "triton":
+                raise UserError(f"target '{target.name}': kernels=triton is for GPU targets (the CPU "
+                                "build uses passctl's llvm schedules); drop the option")
+            if self.fp32_precision != "ieee":
+                logger.warning("target %s: fp32_precision=%s applies to Triton kernels on GPU "
+                               "targets; ignored", target.name, self.fp32_precision)
+            return
+        if self.kernels == "triton":
+            self._kernel_library(target)  # raises when Triton or the CUDA runtime is missing
+        if check:
+            from passctl.targets.tvm.runtime import device_available
+
+            if not device_available("cuda"):
+                raise UserError(f"--check runs the artifact, and this machine has no CUDA device to "
+                                f"run a '{target.name}' TVM artifact on; drop --check here and use "
+                                "`passctl run OUT` on the GPU machine")
+
     def _kernel_library(self, target: TargetProfile):
         """The :class:`TritonLibrary` for a CUDA build, or ``(None, reason)``."""
         if not target.is_gpu or self.kernels == "tvm":
@@ -130,7 +157,9 @@ class TvmEmitter(Emitter):
         ok, why = triton_dispatch.available()
         if not ok:
             if self.kernels == "triton":
-                raise UserError(f"target '{target.name}': Triton kernels were asked for, but {why}")
+                raise UserError(f"target '{target.name}': Triton kernels were asked for, but {why}; "
+                                "build on a machine with a CUDA driver, or use kernels=auto "
+                                "(DLight kernels here)")
             logger.warning("target %s: GEMMs and attention on TVM's DLight kernels: %s",
                            target.name, why)
             return None, why
@@ -203,6 +232,7 @@ class TvmEmitter(Emitter):
         }
         if target.is_gpu:
             manifest["cuda_graph"] = bool(self.cuda_graph)
+            manifest["fp32_precision"] = self.fp32_precision if library is not None else "ieee"
             if library is not None:
                 manifest["triton"] = {"gemms": gemms, "tuned": library.tune,
                                       "fp32_precision": library.fp32_precision,

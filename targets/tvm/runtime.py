@@ -10,12 +10,27 @@ from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
+from passctl.ir.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
 LIBRARY_FILE = "model.so"
 PARAMS_FILE = "model.params"
 MANIFEST_SCHEMA = "passctl.tvm.artifact/1"
+
+
+def device_available(kind: str, device_id: int = 0) -> bool:
+    """Whether ``tvm.runtime`` can run on ``kind`` (``"cpu"`` / ``"cuda"``) device ``device_id``
+    here: the runtime has the backend and the device exists (a CUDA driver and GPU for cuda)."""
+    import tvm.runtime as rt
+
+    if kind == "cpu":
+        return True
+    try:
+        return bool(rt.enabled(kind)) and bool(rt.device(kind, device_id).exist)
+    except Exception:  # noqa: BLE001  (no driver: some TVM builds raise instead of returning False)
+        return False
 
 
 def read_manifest(folder: str) -> Dict:
@@ -49,6 +64,12 @@ class TvmArtifact:
         self.folder = folder
         self.manifest = read_manifest(folder)
         kind = self.manifest["device"]
+        if not device_available(kind, device_id):
+            profile = self.manifest.get("profile", {}).get("name", kind)
+            raise UserError(f"{folder}: a {kind} artifact (target {profile}, "
+                            f"{self.manifest.get('profile', {}).get('compute_capability', '')}) "
+                            f"needs {kind} device {device_id}, which this machine does not have "
+                            "(no CUDA driver or GPU); run it on the machine it was built for")
         self.device = rt.device(kind, device_id)
         lib = rt.load_module(os.path.join(folder, self.manifest["library"]))
         self.vm = VirtualMachine(lib, self.device)
@@ -119,5 +140,5 @@ def is_tvm_artifact(folder: str) -> bool:
         return False
 
 
-__all__ = ["LIBRARY_FILE", "MANIFEST_FILE", "MANIFEST_SCHEMA", "PARAMS_FILE", "TvmArtifact",
+__all__ = ["LIBRARY_FILE", "MANIFEST_FILE", "MANIFEST_SCHEMA", "PARAMS_FILE", "TvmArtifact", "device_available",
            "is_tvm_artifact", "load_artifact", "read_manifest"]

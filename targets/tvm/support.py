@@ -49,8 +49,14 @@ def cuda_target(target: TargetProfile) -> Dict[str, Any]:
 
     The host part (the Relax VM's host code) is generic ``llvm`` for x86-64, not this machine's
     CPU: the artifact runs on the GPU machine, whose CPU may lack this one's instructions.
+    Shared memory and threads per block are given so DLight does not guess (and warn).
     """
-    return {"kind": "cuda", "arch": target.sm, "host": {"kind": "llvm", "mtriple": "x86_64-linux-gnu"}}
+    # max_shared_memory_per_block: the 48 KiB every CUDA GPU gives a block without opt-in (what
+    # DLight assumes anyway; unset, it warns once per kernel); max_threads_per_block: 1024 on all
+    # compute capabilities >= 2.0 (CUDA C++ Programming Guide, technical specifications).
+    return {"kind": "cuda", "arch": target.sm, "max_shared_memory_per_block": 49152,
+            "max_threads_per_block": 1024,
+            "host": {"kind": "llvm", "mtriple": "x86_64-linux-gnu"}}
 
 
 def tvm_target(target: TargetProfile):

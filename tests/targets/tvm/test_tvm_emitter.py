@@ -171,17 +171,19 @@ def test_cuda_cross_compile_for_profile_arch(tmp_path):
     assert manifest["device"] == "cuda" and manifest["target"]["arch"] == "sm_86"
     assert info["self_check"] is None  # no GPU here: written, not run
     assert (tmp_path / "a" / "model.so").stat().st_size > 0
-    assert manifest["tensor_cores"] is True and manifest["transform_params"] is None
+    # the default: no DLight WMMA schedules (TVM 0.27's Tensorize segfaults on fp16 matmuls)
+    assert manifest["tensor_cores"] is False and manifest["transform_params"] is None
 
 
-def test_cuda_build_without_tensor_cores(tmp_path):
-    """tensorize=False: the DLight pipeline with every kernel marked dlight.do_not_tensorize."""
+def test_cuda_build_with_dlight_tensor_cores(tmp_path):
+    """tensorize=True: DLight's default schedules, tensor-core matmul rule included (fp32 here:
+    the fp16 Tensorize crash is TVM's)."""
     from passctl.targets import get_target
     from passctl.targets.tvm import TvmEmitter
 
-    TvmEmitter(tensorize=False).emit(ir(_conv_model()), get_target("h200"), str(tmp_path / "a"))
+    TvmEmitter(tensorize=True).emit(ir(_conv_model()), get_target("h200"), str(tmp_path / "a"))
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
-    assert manifest["target"]["arch"] == "sm_90" and manifest["tensor_cores"] is False
+    assert manifest["target"]["arch"] == "sm_90" and manifest["tensor_cores"] is True
 
 
 def test_gpu_target_without_cuda_compiler_says_what_is_missing(tmp_path, monkeypatch):

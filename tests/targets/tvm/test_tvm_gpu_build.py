@@ -146,6 +146,7 @@ def test_triton_path_writes_kernel_manifest(tmp_path, monkeypatch):
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["kernels"] == "triton" and "kernels_note" not in manifest
     assert manifest["cuda_graph"] is False and manifest["tensor_cores"] is True
+    assert manifest["fp32_precision"] == "tf32x3"
     triton = manifest["triton"]
     assert triton["gemms"] == 1 and triton["tuned"] is False
     assert triton["fp32_precision"] == "tf32x3"
