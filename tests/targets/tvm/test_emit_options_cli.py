@@ -1,0 +1,87 @@
+"""``--emit 'tvm{...}'`` options and the TVM emitter's early refusals, through the CLI (no GPU here)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from passctl.ir.errors import UserError
+from passctl.targets import get_emitter
+
+
+def _model(path):
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((8, 4)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def _passctl(*args):
+    return subprocess.run([sys.executable, "-m", "passctl.tools.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_emit_options_are_typed():
+    emitter = get_emitter("tvm{kernels=tvm, fp32_precision='tf32x3', cuda_graph=false, tune=none}")
+    assert (emitter.kernels, emitter.fp32_precision, emitter.cuda_graph, emitter.tune) == \
+        ("tvm", "tf32x3", False, None)
+    assert get_emitter("tvm").cuda_graph is True and get_emitter("tvm").tensorize is False
+
+
+@pytest.mark.parametrize("text,message", [
+    ("tvm{cuda_graph}", r"option 'cuda_graph' needs a value \(cuda_graph=VALUE\)"),
+    ("tvm{kernel=triton}", r"unknown tvm emitter option 'kernel'; known: schedule, .*cuda_graph"),
+    ("tvm{cuda_graph=maybe}", r"option cuda_graph='maybe' must be true or false"),
+    ("tvm{kernels=triton}}", r"one pair of braces at the end"),
+    ("tvm{kernels=triton", r"one pair of braces at the end"),
+    ("tvm{cuda_graph=false,cuda_graph=true}", r"option 'cuda_graph' is given twice"),
+    ("tvm{kernels=cublas}", r"^--emit 'tvm\{kernels=cublas\}': TVM emitter kernels='cublas': use "
+                            r"'auto', 'triton' or 'tvm'$"),
+    ("tvm{fp32_precision=fp64}", r"fp32_precision='fp64': use 'ieee', 'tf32' or 'tf32x3'"),
+])
+def test_bad_emit_options_are_one_line_errors(text, message):
+    with pytest.raises(UserError, match=message) as info:
+        get_emitter(text)
+    assert "\n" not in str(info.value)
+
+
+def test_cli_refuses_before_the_pipeline(tmp_path):
+    """kernels=triton for the CPU and --check of an h200 artifact on a machine without a GPU are
+    refused before any pass runs (exit 2, one line, nothing written)."""
+    _model(tmp_path / "m.onnx")
+    r = _passctl(tmp_path / "m.onnx", "-t", "cpu", "--emit", "tvm{kernels=triton}", "-o", tmp_path / "a")
+    assert r.returncode == 2 and "kernels=triton is for GPU targets" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "a").exists()
+    r = _passctl(tmp_path / "m.onnx", "-t", "h200", "--emit", "tvm", "--check", "-o", tmp_path / "b")
+    assert r.returncode == 2 and "no CUDA device" in r.stderr and "passctl run OUT" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
+
+
+def test_gpu_artifact_without_a_device_is_a_user_error(tmp_path):
+    """An h200 artifact cross-compiled here: `passctl run` says it needs a CUDA device (exit 2,
+    one line) instead of TVM's 'loader of that name is not registered' traceback."""
+    _model(tmp_path / "m.onnx")
+    r = _passctl(tmp_path / "m.onnx", "-t", "h200", "--emit", "tvm{cuda_graph=false}", "-q",
+                 "-o", tmp_path / "a")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["device"] == "cuda" and manifest["cuda_graph"] is False
+    assert manifest["fp32_precision"] == "ieee" and manifest["kernels"] == "tvm"
+    r = _passctl("run", tmp_path / "a")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a cuda artifact (target h200, sm_90) needs cuda device 0" in lines[0]
+
+
+def test_fp32_precision_for_cpu_is_a_warning(tmp_path):
+    _model(tmp_path / "m.onnx")
+    r = _passctl(tmp_path / "m.onnx", "-t", "cpu", "--emit", "tvm{fp32_precision=tf32}",
+                 "-o", tmp_path / "a")
+    assert r.returncode == 0, r.stderr
+    assert "fp32_precision=tf32 applies to Triton kernels on GPU targets; ignored" in r.stderr
