@@ -85,8 +85,9 @@ def _add_compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", "-t", default="cpu", help="target profile (see list-targets)")
     p.add_argument("-o", "--output", dest="out", default=None,
                    help="output folder (default: ./<model stem>.passctl/)")
-    p.add_argument("--emit", default=None, help="onnxruntime | tvm | tensorrt "
-                   "(default: the target's default emitter)")
+    p.add_argument("--emit", default=None, help="onnxruntime | tvm | tensorrt, with emitter options "
+                   "in braces, e.g. 'tvm{fp32_precision=tf32x3,cuda_graph=false}' (docs/tvm.md; "
+                   "default: the target's default emitter)")
     p.add_argument("--check", action="store_true",
                    help="run the original and the result in ONNX Runtime on seeded inputs")
     p.add_argument("--seed", type=int, default=0, help="seed of the check's random inputs")
