@@ -10,13 +10,14 @@ from passctl.ir.equality import assert_structurally_equal, structural_diff
 from passctl.ir.parser import parse_file, parse_graph, parse_model
 from passctl.ir.printer import format_node, print_graph, print_model
 from passctl.ir._types import (DataType, MapType, OptionalType, SequenceType, Shape,
-                               SparseTensorType, TensorType, Type)
+                               SparseTensorType, TensorType, Type, UNNAMED_DIM_PARAMS,
+                               is_anonymous_dim)
 
 __all__ = [
     "Attr", "AttrType", "Builder", "DataType", "ExternalLocation", "Function", "Graph", "MapType",
     "Model", "Node", "OptionalType", "SequenceType", "Shape", "SparseTensorType", "Tensor",
     "TensorType", "Type", "Value", "assert_structurally_equal", "format_node", "from_onnx",
-    "implicit_inputs", "load", "parse_file", "parse_graph", "parse_model", "print_graph",
-    "print_model", "save", "structural_diff", "to_onnx",
+    "UNNAMED_DIM_PARAMS", "implicit_inputs", "is_anonymous_dim", "load", "parse_file",
+    "parse_graph", "parse_model", "print_graph", "print_model", "save", "structural_diff", "to_onnx",
     "union_provenance",
 ]

@@ -141,6 +141,15 @@ _NUMPY = {
 # A dimension is a non-negative int, a symbolic name (str), or None (unknown).
 Dim = Union[int, str, None]
 
+#: ``dim_param`` strings that exporters write for a dim they leave unnamed (Paddle2ONNX writes
+#: ``"?"``); such a dim is anonymous: two axes carrying it are not known to be equal.
+UNNAMED_DIM_PARAMS = frozenset({"", "?", "-1", "None", "unk"})
+
+
+def is_anonymous_dim(d: Dim) -> bool:
+    """True for an unknown dim: None, or a str in :data:`UNNAMED_DIM_PARAMS`."""
+    return d is None or (isinstance(d, str) and d in UNNAMED_DIM_PARAMS)
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -258,7 +267,11 @@ def _shape_from_proto(t) -> Optional[Shape]:
     dens = []
     for d in t.shape.dim:
         w = d.WhichOneof("value")
-        dims.append(d.dim_value if w == "dim_value" else d.dim_param if w == "dim_param" else None)
+        # A negative dim_value (Paddle2ONNX writes -1) means unknown, as in ONNX Runtime: None.
+        if w == "dim_value" and d.dim_value >= 0:
+            dims.append(d.dim_value)
+        else:
+            dims.append(d.dim_param if w == "dim_param" else None)
         dens.append(d.denotation)
     if not any(dens):
         dens = []

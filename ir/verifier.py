@@ -26,7 +26,7 @@ UNDEFINED_OUTPUT = "undefined-output"  # a graph output that nothing in scope de
 SUBGRAPH_SCOPE = "subgraph-scope"  # a subgraph reads an outer value defined after its node
 ARITY = "arity"  # input/output count, or a missing required input, against the op schema
 ATTRIBUTE = "attribute"  # unknown, missing required, or wrong-kind attribute
-TYPE = "type"  # an input element type outside the schema's type constraint
+TYPE = "type"  # an input element type outside the schema's type constraint, or a negative dim
 OUTPUT_TYPE = "output-type"  # declared graph-output type disagrees with shape inference (warning)
 UNKNOWN_OP = "unknown-op"  # an op the default ONNX domain lacks (warning: only at this opset)
 KINDS = (SSA, DUPLICATE_NAME, USE_BEFORE_DEF, DANGLING_USE, USE_LIST, UNDEFINED_OUTPUT,
@@ -113,7 +113,8 @@ def verify(model_or_graph: Union[Model, Graph], check_output_types: bool = True,
 
     Checks, each reported with its own ``kind`` (see :data:`KINDS`): SSA and duplicate value names;
     use before definition; dangling uses; use lists against the nodes' inputs; graph outputs
-    defined; subgraph scoping; arity, attributes and input types against the ONNX op schemas
+    defined; subgraph scoping; negative dims in value shapes (``type``); arity, attributes and
+    input types against the ONNX op schemas
     (``onnx.defs.get_schema`` at the model's opset for the node's domain; an op the default ONNX
     domain does not define at all is an ``unknown-op`` error, one it defines only from a later
     opset, or that only ONNX Runtime registers there (its contrib ops), an ``unknown-op`` warning; ops of other domains, i.e. custom ops, are not checked); model-local function bodies. With ``check_output_types``
@@ -188,6 +189,7 @@ class _GraphChecker:
 
     # -- scoping, SSA, names ---------------------------------------------------------------------
     def _define(self, v: Value, defined: Set[Value], node: Optional[Node], what: str) -> None:
+        self._check_dims(v, node)
         if v in defined:
             first = f"{v.producer!r}" if v.producer is not None and v.producer is not node \
                 else "a graph input or initializer"
@@ -228,6 +230,18 @@ class _GraphChecker:
                 self.error(UNDEFINED_OUTPUT, f"output {i} '%{v.name}' of graph '{graph.name}' is "
                            f"not defined in it or an enclosing scope ({_describe(v)})",
                            graph.parent, v.name)
+
+    def _check_dims(self, v: Value, node: Optional[Node]) -> None:
+        """A shape dim is a size >= 0, a name or unknown; a negative int (an ONNX ``dim_value``
+        of -1 read as a size) would pass for a static dim."""
+        if not isinstance(v.type, (TensorType, SparseTensorType)) or v.type.shape is None:
+            return
+        shape = v.type.shape
+        bad = [d for d in shape.dims if isinstance(d, int) and d < 0]
+        if bad:
+            self.error(TYPE, f"value '%{v.name}' has a negative dim {bad[0]} in its shape "
+                       f"{list(shape.dims)}; an unknown size is None ('?' in the text form)",
+                       node, v.name)
 
     def _undefined_use(self, node: Node, i: int, v: Value, graph: Graph, local: Set[Value],
                        outer_all: Set[Value]) -> None:

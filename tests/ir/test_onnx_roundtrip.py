@@ -23,7 +23,10 @@ def normalized(model: onnx.ModelProto) -> onnx.ModelProto:
     - an empty ``type {}`` on a ValueInfo carries no information: dropped;
     - ``value_info`` entries naming a graph input/output: the IR has one type per value, the
       input/output declaration's;
-    - ``value_info`` entries naming no value of their graph (stale ones): dropped at import.
+    - ``value_info`` entries naming no value of their graph (stale ones): dropped at import;
+    - a tensor dim with a negative ``dim_value`` (Paddle2ONNX writes -1 for unknown): the IR reads
+      it as an unknown dim (ONNX Runtime's reading), which exports with no value set. Only a
+      ValueInfo's tensor shape dims are touched, and only negative ``dim_value`` fields.
     """
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -37,6 +40,10 @@ def normalized(model: onnx.ModelProto) -> onnx.ModelProto:
         for vi in list(g.input) + list(g.output) + list(g.value_info):
             if vi.HasField("type") and vi.type.ByteSize() == 0:
                 vi.ClearField("type")
+            if vi.type.HasField("tensor_type"):
+                for dim in vi.type.tensor_type.shape.dim:
+                    if dim.HasField("dim_value") and dim.dim_value < 0:
+                        dim.ClearField("dim_value")
         for n in g.node:
             for a in n.attribute:
                 if a.HasField("g"):
