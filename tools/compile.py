@@ -160,14 +160,14 @@ def _check_output_path(out: str, model_path: str) -> None:
     if parent and not os.path.isdir(parent):
         raise UserError(f"output '{shown}': '{parent}' is a file, not a folder; choose another -o")
     real_out, real_model = os.path.realpath(out), os.path.realpath(model_path)
-    if os.path.commonpath([real_out, real_model]) == real_out:
-        raise UserError(f"output folder '{shown}' contains the input model '{model_path}' and would "
-                        "replace it; choose another -o")
     cwd, home = os.path.realpath(os.getcwd()), os.path.realpath(os.path.expanduser("~"))
     if os.path.commonpath([real_out, cwd]) == real_out or real_out == home:
         what = "the home folder" if real_out == home else "the current folder or one above it"
         raise UserError(f"output folder '{shown}' is {what} and -o replaces the whole folder; "
                         "choose a new or empty -o")
+    if os.path.commonpath([real_out, real_model]) == real_out:
+        raise UserError(f"output folder '{shown}' contains the input model '{model_path}' and would "
+                        "replace it; choose another -o")
     if os.path.isdir(out):
         names = sorted(os.listdir(out))
         known = _artifact_files(out)

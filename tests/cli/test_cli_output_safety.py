@@ -26,6 +26,16 @@ def test_output_into_current_folder_is_refused(cli, conv_bn_model, tmp_path, mon
     assert _intact(work)
 
 
+def test_output_into_current_folder_above_the_model_names_the_current_folder(
+        cli, conv_bn_model, monkeypatch):
+    """-o . from a folder above the model (the README's packaged model under .venv): the reason
+    given is the current folder, not "contains the input model" (fresh-user trial)."""
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(str(conv_bn_model))))
+    r = cli(conv_bn_model, "-o", ".", "-q")
+    assert r.rc == 2 and "is the current folder or one above it" in r.err
+    assert "contains the input model" not in r.err
+
+
 def test_output_into_ancestor_of_current_folder_is_refused(cli, conv_bn_model, tmp_path,
                                                           monkeypatch):
     (tmp_path / "a" / "b").mkdir(parents=True)
