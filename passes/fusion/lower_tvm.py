@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, List
 
 import numpy as np
 
-from passctl.ir import Graph, Model, Shape, TensorType
+from passctl.ir import UNNAMED_DIM_PARAMS, Graph, Model, Shape, TensorType, is_anonymous_dim
 from passctl.ir.errors import UserError
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.common.constants import constant_array
@@ -25,7 +26,9 @@ def parse_dims(text: str) -> Dict[str, int]:
     """``"batch=1,sequence=128"`` -> ``{"batch": 1, "sequence": 128}`` (also ``input_ids[1]=128``).
 
     Raises:
-        UserError: an item is not ``NAME=SIZE`` with a positive integer size.
+        UserError: an item is not ``NAME=SIZE`` with a positive integer size, or NAME is one of
+            :data:`~passctl.ir.UNNAMED_DIM_PARAMS` (``?``: an unnamed dim, which needs
+            ``input[axis]``).
     """
     dims: Dict[str, int] = {}
     for item in filter(None, (s.strip() for s in text.replace(";", ",").split(","))):
@@ -33,8 +36,51 @@ def parse_dims(text: str) -> Dict[str, int]:
         if not sep or not name.strip() or not size.strip().isdigit() or int(size) <= 0:
             raise UserError(f"lower-tvm: dims item '{item}' is not NAME=SIZE with a positive "
                             "integer size, e.g. dims=\"batch=1,sequence=128\"")
+        if name.strip() in UNNAMED_DIM_PARAMS:
+            raise UserError(f"lower-tvm: dims item '{item}': '{name.strip()}' marks unnamed dims, "
+                            "not one dim; give each as INPUT[AXIS]=SIZE, e.g. dims=\"x[2]=48\"")
         dims[name.strip()] = int(size)
     return dims
+
+
+_POSITIONAL = re.compile(r"^(?P<input>.+)\[(?P<axis>\d+)\]$")
+
+
+def check_dims(model: Model, dims: Dict[str, int]) -> None:
+    """Every key of ``dims`` names a symbolic input dim or an axis ``input[axis]`` of a graph input.
+
+    An ``input[axis]`` key on a static axis is accepted when the sizes agree (nothing to do).
+
+    Raises:
+        UserError: a NAME matches no dim_param of the graph inputs, an ``input[axis]`` names no
+            input or axis, or it names a static axis of another size; the message lists the
+            model's symbolic dim names and the ``input[axis]`` keys of its unknown axes.
+    """
+    shapes = {v.name: v.shape for v in model.graph.inputs
+              if isinstance(v.type, TensorType) and v.shape is not None}
+    names: List[str] = []
+    positional: List[str] = []
+    for input_name, shape in shapes.items():
+        for axis, d in enumerate(shape.dims):
+            if isinstance(d, int) and d >= 0:
+                continue
+            positional.append(f"{input_name}[{axis}]")
+            if isinstance(d, str) and not is_anonymous_dim(d) and d not in names:
+                names.append(d)
+    for key, size in dims.items():
+        match = _POSITIONAL.match(key)
+        if match and match["input"] in shapes and int(match["axis"]) < len(shapes[match["input"]]):
+            d = shapes[match["input"]].dims[int(match["axis"])]
+            if isinstance(d, int) and d >= 0 and d != size:
+                raise UserError(f"lower-tvm: dims item '{key}={size}': axis {match['axis']} of "
+                                f"input '{match['input']}' is static with size {d}; drop the item "
+                                f"or give {key}={d}")
+            continue
+        if key in names:
+            continue
+        raise UserError(f"lower-tvm: dims name '{key}' matches no dim of the model's inputs "
+                        f"(symbolic dim names: {', '.join(names) or 'none'}; unknown axes, as "
+                        f"INPUT[AXIS]: {', '.join(positional) or 'none'})")
 
 
 @register_pass
@@ -42,8 +88,8 @@ class LowerTvm(Pass):
     """Prepare the IR for TVM's Relax ONNX frontend (run it last, after lower-standard).
 
     Rules (stat key in brackets):
-      1. Symbolic input dims named in ``dims`` (by ``dim_param`` or ``input[axis]``) become static
-         [dims_fixed]: TVM artifacts are built for static shapes, and with static shapes every
+      1. Symbolic input dims named in ``dims`` (by ``dim_param`` or ``input[axis]``; unnamed
+         dims, ``?``, only by ``input[axis]``) become static [dims_fixed]: TVM artifacts are built for static shapes, and with static shapes every
          Shape -> Gather/Concat -> Expand/Reshape chain folds to constants, which avoids the
          frontend's Expand converter comparing symbolic dims with Python ``==`` ("Cannot use and /
          or / not operator to Expr").
@@ -66,21 +112,28 @@ class LowerTvm(Pass):
         """Options of lower-tvm.
 
         Attributes:
-            dims: sizes of symbolic input dims, ``"batch=1,sequence=128"`` (names or input[axis]).
+            dims: sizes of symbolic input dims: ``NAME=SIZE`` for a ``dim_param`` name
+                (``"batch=1,sequence=128"``) or ``INPUT[AXIS]=SIZE`` for one axis of a graph
+                input (``"x[0]=1,x[2]=48"``), needed for unnamed dims (``?``). A NAME that matches
+                no input dim, or an axis that is static with another size, is an error.
         """
 
-        dims: str = field(default="", metadata={"help": "symbolic input dims, e.g. batch=1,sequence=128"})
+        dims: str = field(default="", metadata={
+            "help": "symbolic input dims: NAME=SIZE or INPUT[AXIS]=SIZE (unnamed dims), "
+                    "e.g. batch=1,sequence=128 or x[0]=1,x[2]=48"})
 
     def run(self, model: Model) -> PassResult:
         stats: Dict[str, int] = {"dims_fixed": 0, "scalar_constant_of_shape": 0}
         dims = parse_dims(self.options.dims)
+        check_dims(model, dims)
         for v in model.graph.inputs:
             if not isinstance(v.type, TensorType) or v.shape is None:
                 continue
             new = []
             for axis, d in enumerate(v.shape.dims):
                 key = f"{v.name}[{axis}]"
-                if not isinstance(d, int) and (key in dims or (isinstance(d, str) and d in dims)):
+                named = isinstance(d, str) and not is_anonymous_dim(d) and d in dims
+                if not (isinstance(d, int) and d >= 0) and (key in dims or named):
                     new.append(dims.get(key, dims.get(d)))
                     stats["dims_fixed"] += 1
                 else:
@@ -124,4 +177,4 @@ def _scalar_constant_of_shape(graph: Graph) -> int:
     return count
 
 
-__all__ = ["LowerTvm", "parse_dims"]
+__all__ = ["LowerTvm", "check_dims", "parse_dims"]

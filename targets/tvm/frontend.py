@@ -9,7 +9,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from passctl.ir import Model, Node
+from passctl.ir import Model, Node, is_anonymous_dim
 from passctl.ir.errors import UserError
 from passctl.targets.tvm.names import safe_value_names
 from passctl.targets.tvm.support import import_tvm
@@ -149,7 +149,7 @@ def check_static_inputs(model: Model, source: str = "model") -> Dict[str, Tuple[
 
     Raises:
         UserError: an input has an unknown rank or a symbolic dimension; the message says to fix it
-            with ``lower-tvm{dims=NAME=SIZE,...}``.
+            with ``lower-tvm{dims="NAME=SIZE,..."}`` (``INPUT[AXIS]=SIZE`` for unnamed dims).
     """
     result = {}
     for v in model.graph.inputs:
@@ -157,10 +157,12 @@ def check_static_inputs(model: Model, source: str = "model") -> Dict[str, Tuple[
         if v.dtype is None or shape is None:
             raise UserError(f"{source}: graph input '{v.name}' has no declared type or rank; TVM "
                             "artifacts need static input shapes")
-        symbolic = [d for d in shape.dims if not isinstance(d, int)]
+        symbolic = [d for d in shape.dims if not (isinstance(d, int) and d >= 0)]
         if symbolic:
-            names = ",".join(f"{d}=SIZE" if isinstance(d, str) else f"{v.name}[{i}]=SIZE"
-                             for i, d in enumerate(shape.dims) if not isinstance(d, int))
+            # An unnamed dim ('?') has no name to give lower-tvm: its axis is named instead.
+            names = ",".join(dict.fromkeys(
+                f"{v.name}[{i}]=SIZE" if is_anonymous_dim(d) or isinstance(d, int) else f"{d}=SIZE"
+                for i, d in enumerate(shape.dims) if not (isinstance(d, int) and d >= 0)))
             raise UserError(f"{source}: graph input '{v.name}' has symbolic dims {list(shape.dims)}; "
                             "TVM artifacts are built for static shapes: end the pipeline with "
                             f"'lower-tvm{{dims=\"{names}\"}}'")
