@@ -43,7 +43,10 @@ class InferShapes(Pass):
          inferred symbol). A different element type or rank, or two different ints, keeps the
          existing type and counts a conflict (logged as a warning). Dim names onnx generates
          (``unk__N``) count as unknown.
-      4. Ops onnx has no schema for (custom domains such as ``com.microsoft``) get no inferred
+      4. A Reshape output onnx leaves without a shape gets its rank (the length of the shape
+         input, when that is known) and inference runs again from it, up to 4 rounds; dynamic
+         batch shapes computed by Shape -> Concat chains otherwise leave every consumer untyped.
+      5. Ops onnx has no schema for (custom domains such as ``com.microsoft``) get no inferred
          outputs; inference goes on past them. If onnx's inference raises, the model is left
          unchanged and ``inference_failed`` is 1 (logged as a warning).
 
@@ -105,8 +108,15 @@ class InferShapes(Pass):
 
         proto = to_onnx(model)
         _strip_declared_shapes(proto)
-        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False,
-                                                 data_prop=self.options.data_prop)
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False,
+                                                     data_prop=self.options.data_prop)
+        for _ in range(_MAX_HINT_ROUNDS):  # a Reshape's rank unlocks its consumers' shapes
+            if not _add_reshape_rank_hints(inferred):
+                break
+            inferred = onnx.shape_inference.infer_shapes(inferred, check_type=False,
+                                                         strict_mode=False,
+                                                         data_prop=self.options.data_prop)
+        return inferred
 
     def _infer_via_file(self, model: Model) -> onnx.ModelProto:
         from passctl.ir import save
@@ -202,6 +212,39 @@ def _all_values(graph: Graph) -> Iterator[Value]:
         yield from g.inputs
         for node in g:
             yield from node.outputs
+
+
+_MAX_HINT_ROUNDS = 4
+
+
+def _add_reshape_rank_hints(proto: onnx.ModelProto) -> bool:
+    """Give each Reshape output onnx left without a shape the rank it must have: Reshape-5/13/14/19/21
+    returns a tensor of rank len(shape) (ONNX operator spec), and onnx's inference only uses that
+    when the shape is a constant. With a dynamic batch (Paddle exports' ``-1``) the shape is a
+    Shape -> Gather -> Concat chain of known length but unknown values, and without this every
+    consumer (MatMul, Add...) stays untyped. The rank (dims unknown) is added as ``value_info``,
+    which the next inference round starts from. Returns whether a hint was added."""
+    added = False
+    for g in _proto_graphs(proto.graph):
+        types = _collect_types(g)
+        for node in g.node:
+            if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+                continue
+            out = node.output[0]
+            shape_type, data_type = types.get(node.input[1]), types.get(node.input[0])
+            known = types.get(out)
+            if known is not None and known.tensor_type.HasField("shape"):
+                continue
+            if shape_type is None or data_type is None or not shape_type.tensor_type.HasField("shape"):
+                continue
+            dims = shape_type.tensor_type.shape.dim
+            if len(dims) != 1 or not dims[0].HasField("dim_value") or dims[0].dim_value <= 0:
+                continue
+            vi = onnx.helper.make_tensor_value_info(out, data_type.tensor_type.elem_type,
+                                                    [None] * dims[0].dim_value)
+            g.value_info.append(vi)
+            added = True
+    return added
 
 
 def _strip_declared_shapes(proto: onnx.ModelProto) -> None:

@@ -99,3 +99,36 @@ def test_real_model_fully_typed():
     c_out = weight.attr("value").dims[0]
     out = conv.outputs[0].type
     assert out.dtype == DataType.FLOAT and out.shape.rank == 4 and out.shape[1] == c_out
+
+
+_BATCH_RESHAPE = """
+    <ir_version: 7, opset_import: ["" : 11]>
+    g (float[?,2,4] x) => (float[?,?] y) {
+        s = Shape (x)
+        i0 = Constant <value = int64[1] {0}> ()
+        d0 = Gather <axis = 0> (s, i0)
+        m1 = Constant <value = int64[1] {-1}> ()
+        t = Concat <axis = 0> (d0, m1)
+        r = Reshape (x, t)
+        w = Constant <value = float[8,3] {1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24}> ()
+        y = MatMul (r, w)
+    }"""
+
+
+def test_reshape_to_a_dynamic_shape_gets_its_rank():
+    """Reshape (opset 11, as Paddle2ONNX writes) to Shape -> Gather -> Concat of an unknown batch
+    (Paddle exports' -1): onnx types neither the Reshape nor its MatMul consumer; infer-shapes gives the Reshape the rank of
+    its shape input (2, Reshape spec) and a second onnx round types the MatMul [N?, 3]."""
+    import onnx.shape_inference
+
+    proto = parse(_BATCH_RESHAPE)
+    alone = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(proto, data_prop=True)
+             .graph.value_info}
+    assert not alone["r"].type.tensor_type.HasField("shape")  # what onnx gives by itself
+    model, result, out = apply(proto, InferShapes())
+    values = _values(model)
+    assert values["r"].type.shape.rank == 2 and values["r"].type.shape.dims[1] is None
+    assert values["y"].type.dtype == DataType.FLOAT and values["y"].type.shape.rank == 2
+    assert values["y"].type.shape.dims[1] == 3
+    assert result.stats["untyped"] == 0
+    assert_same_outputs(proto, out)
