@@ -116,9 +116,10 @@ _BATCH_RESHAPE = """
 
 
 def test_reshape_to_a_dynamic_shape_gets_its_rank():
-    """Reshape (opset 11, as Paddle2ONNX writes) to Shape -> Gather -> Concat of an unknown batch
-    (Paddle exports' -1): onnx types neither the Reshape nor its MatMul consumer; infer-shapes gives the Reshape the rank of
-    its shape input (2, Reshape spec) and a second onnx round types the MatMul [N?, 3]."""
+    """Reshape (opset 11, as Paddle2ONNX writes) to Shape -> Gather -> Concat of an unknown
+    batch (Paddle exports' -1): onnx types neither the Reshape nor its MatMul consumer;
+    infer-shapes gives the Reshape the rank of its shape input (2, Reshape spec) and a second
+    onnx round types the MatMul [?, 3]."""
     import onnx.shape_inference
 
     proto = parse(_BATCH_RESHAPE)
