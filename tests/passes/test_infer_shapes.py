@@ -8,15 +8,18 @@ from corpus import CORPUS
 from passctl.ir import DataType, Shape, TensorType, from_onnx, load
 from passctl.passes.common.infer_shapes import InferShapes, merge_types
 
-_DYNAMIC_RESHAPE = """
-    <ir_version: 8, opset_import: ["" : 17]>
-    g (float[2,3,4] x) => (float[?,?] y) {
+# r = Reshape(x, [x.shape[0], -1]) through Shape -> Gather -> Concat
+_RESHAPE_TO_BATCH = """
         s = Shape (x)
         i0 = Constant <value = int64[1] {0}> ()
         d0 = Gather <axis = 0> (s, i0)
         m1 = Constant <value = int64[1] {-1}> ()
         t = Concat <axis = 0> (d0, m1)
-        r = Reshape (x, t)
+        r = Reshape (x, t)"""
+
+_DYNAMIC_RESHAPE = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,3,4] x) => (float[?,?] y) {""" + _RESHAPE_TO_BATCH + """
         y = Relu (r)
     }"""
 
@@ -103,13 +106,7 @@ def test_real_model_fully_typed():
 
 _BATCH_RESHAPE = """
     <ir_version: 7, opset_import: ["" : 11]>
-    g (float[?,2,4] x) => (float[?,?] y) {
-        s = Shape (x)
-        i0 = Constant <value = int64[1] {0}> ()
-        d0 = Gather <axis = 0> (s, i0)
-        m1 = Constant <value = int64[1] {-1}> ()
-        t = Concat <axis = 0> (d0, m1)
-        r = Reshape (x, t)
+    g (float[?,2,4] x) => (float[?,?] y) {""" + _RESHAPE_TO_BATCH + """
         w = Constant <value = float[8,3] {1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24}> ()
         y = MatMul (r, w)
     }"""
