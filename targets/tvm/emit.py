@@ -95,7 +95,8 @@ class TvmEmitter(Emitter):
             where Triton and TVM's CUDA runtime are present (else ``"tvm"``, logged and written
             to the manifest).
         tune: time each Triton kernel's candidate tile configurations on this machine's GPU
-            (needs torch with CUDA) and keep the fastest; ``None``: when a GPU is visible.
+            (needs torch with CUDA) and keep the fastest; ``None``: when the visible GPU has the
+            target profile's compute capability.
         fp32_precision: float32 GEMMs / attention on Triton: ``"ieee"`` (float32 FMA),
             ``"tf32x3"`` (tensor cores, error-compensated: three TF32 products per input pair) or
             ``"tf32"`` (tensor cores, 10-bit mantissa: a precision change, off unless asked for).
@@ -164,11 +165,12 @@ class TvmEmitter(Emitter):
                            target.name, why)
             return None, why
         tune = self.tune
-        if tune is None:
+        if tune is None:  # timing on another GPU than the target's would pick its tiles
             try:
                 import torch
 
-                tune = bool(torch.cuda.is_available())
+                tune = bool(torch.cuda.is_available()) and \
+                    tuple(torch.cuda.get_device_capability(0)) == tuple(target.compute_capability)
             except ImportError:
                 tune = False
         return triton_dispatch.TritonLibrary(target.compute_capability, target.sm_count or 0,
