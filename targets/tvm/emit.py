@@ -203,6 +203,8 @@ class TvmEmitter(Emitter):
             mod, gemms = dispatch_gemms(mod, library)
             if library.kernels:
                 mod = mod.with_attr("external_mods", library.modules())
+        if target.is_gpu and self.tensorize:
+            _refuse_fp16_tensorize(mod, source)
         t1 = time.perf_counter()
         from passctl.targets.tvm.build import compile_module
 
@@ -253,6 +255,34 @@ class TvmEmitter(Emitter):
         logger.info("tvm artifact for %s: %s", target.name, seconds)
         return {"emitter": self.name, "files": sorted(os.listdir(folder)), "target": manifest["target"],
                 "seconds": seconds, "weight_bytes": weight_bytes, "self_check": check}
+
+
+def _refuse_fp16_tensorize(mod, source: str) -> None:
+    """Raise before TVM builds when DLight's tensor-core schedule (``tensorize``) would get an
+    fp16 / bf16 matmul: TVM 0.27 segfaults in ``s_tir::Tensorize`` on those (docs/tvm.md), which
+    would kill the process without a message.
+
+    Raises:
+        UserError: one line naming the first such matmul's shapes and the option to change.
+    """
+    from tvm import relax
+
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        found = []
+
+        def visit(expr, found=found):
+            if (isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.matmul"
+                    and str(getattr(expr.ty, "dtype", "")) in ("float16", "bfloat16")):
+                found.append(expr)
+
+        relax.analysis.post_order_visit(func, visit)
+        if found:
+            shapes = " x ".join(str([int(d) for d in a.ty.shape]) for a in found[0].args)
+            raise UserError(f"{source}: tensorize=true would hand TVM 0.27 a {found[0].ty.dtype} "
+                            f"matmul ({shapes}), on which its Tensorize crashes; use "
+                            "--emit 'tvm{tensorize=false}' (the default)")
 
 
 def _self_check(model: Model, folder: str, seed: int = 0) -> Dict[str, Any]:

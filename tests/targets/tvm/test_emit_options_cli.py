@@ -85,3 +85,21 @@ def test_fp32_precision_for_cpu_is_a_warning(tmp_path):
                  "-o", tmp_path / "a")
     assert r.returncode == 0, r.stderr
     assert "fp32_precision=tf32 applies to Triton kernels on GPU targets; ignored" in r.stderr
+
+
+def test_tensorize_with_an_fp16_matmul_is_refused_before_tvm_crashes(tmp_path):
+    """tensorize=true would send an fp16 matmul to DLight's WMMA rule, which segfaults in TVM 0.27
+    (docs/tvm.md): a one-line UserError before the build, nothing written."""
+    from passctl.ir import from_onnx
+    from passctl.targets import get_target
+    from passctl.targets.tvm import TvmEmitter
+
+    w = numpy_helper.from_array(np.ones((768, 64), np.float16), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [32, 768])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [32, 64])], [w])
+    model = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(UserError, match=r"tensorize=true would hand TVM 0.27 a float16 matmul "
+                                        r"\(\[32, 768\] x \[768, 64\]\).*tensorize=false") as info:
+        TvmEmitter(tensorize=True, kernels="tvm").emit(model, get_target("h200"), str(tmp_path / "a"))
+    assert "\n" not in str(info.value) and not (tmp_path / "a").exists()
