@@ -243,4 +243,8 @@ def _dispatch(args, argv: List[str], console) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m passctl.tools.cli` runs this file as __main__, a second copy of the module whose
+    # InternalError / CheckFailed are not the classes compile.py raises: use the imported module
+    from passctl.tools.cli import main as _main
+
+    sys.exit(_main())
