@@ -425,6 +425,15 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     if tvm:  # a TVM artifact has static input shapes: the check uses them (H12, additive)
         dims = dict(dims, **{f"{i['name']}[{axis}]": int(n) for i in read_manifest(folder)["inputs"]
                              for axis, n in enumerate(i["shape"])})
+    else:  # dims a pass fixed (lower-tvm{dims=...}) are the only ones the candidate runs with
+        import onnx
+
+        header = onnx.load(candidate, load_external_data=False)
+        weights = {t.name for t in header.graph.initializer}
+        dims = dict(dims, **{f"{i.name}[{axis}]": int(d.dim_value) for i in header.graph.input
+                             if i.name not in weights
+                             for axis, d in enumerate(i.type.tensor_type.shape.dim)
+                             if d.HasField("dim_value") and d.dim_value > 0})
     inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
     got = load_artifact(folder).run(inputs) if tvm else run_onnxruntime(candidate, inputs)
     result = compare(run_onnxruntime(reference, inputs), got)

@@ -120,3 +120,19 @@ def test_failed_check_under_python_m_is_a_check_failure_not_an_internal_error(tm
     assert r.returncode == 3
     assert r.stderr.startswith("passctl: numeric check failed: output y"), r.stderr
     assert "internal error" not in r.stderr and not (tmp_path / "a").exists()
+
+
+def test_check_of_an_onnxruntime_artifact_uses_the_dims_lower_tvm_fixed(tmp_path):
+    """lower-tvm{dims=...} then --emit onnxruntime --check: the check fed the original's symbolic
+    dims a default size the fixed candidate rejected (internal error); it now uses the fixed ones."""
+    w = numpy_helper.from_array(np.random.default_rng(2).standard_normal((16, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    r = _passctl(tmp_path / "m.onnx", "-p", 'lower-tvm{dims="batch=1,seq=8"}', "--emit", "onnxruntime",
+                 "--check", "-o", tmp_path / "a")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["check"]["ok"] is True
+    assert report["check"]["inputs"] == [{"name": "x", "shape": [1, 8, 16], "dtype": "float32"}]
