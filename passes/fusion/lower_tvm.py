@@ -26,7 +26,8 @@ def parse_dims(text: str) -> Dict[str, int]:
     """``"batch=1,sequence=128"`` -> ``{"batch": 1, "sequence": 128}`` (also ``input_ids[1]=128``).
 
     Raises:
-        UserError: an item is not ``NAME=SIZE`` with a positive integer size, or NAME is one of
+        UserError: an item is not ``NAME=SIZE`` with a positive integer size, a NAME is given
+            twice, or NAME is one of
             :data:`~passctl.ir.UNNAMED_DIM_PARAMS` (``?``: an unnamed dim, which needs
             ``input[axis]``).
     """
@@ -39,6 +40,9 @@ def parse_dims(text: str) -> Dict[str, int]:
         if name.strip() in UNNAMED_DIM_PARAMS:
             raise UserError(f"lower-tvm: dims item '{item}': '{name.strip()}' marks unnamed dims, "
                             "not one dim; give each as INPUT[AXIS]=SIZE, e.g. dims=\"x[2]=48\"")
+        if name.strip() in dims:
+            raise UserError(f"lower-tvm: dims name '{name.strip()}' is given twice "
+                            f"({dims[name.strip()]} and {int(size)}); give each dim once")
         dims[name.strip()] = int(size)
     return dims
 

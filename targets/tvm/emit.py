@@ -141,6 +141,12 @@ class TvmEmitter(Emitter):
             if self.fp32_precision != "ieee":
                 logger.warning("target %s: fp32_precision=%s applies to Triton kernels on GPU "
                                "targets; ignored", target.name, self.fp32_precision)
+            gpu_only = [f"{k}={v}" for k, v, default in (
+                ("kernels", self.kernels, "auto"), ("tensorize", self.tensorize, False),
+                ("cuda_graph", self.cuda_graph, True), ("tune", self.tune, None)) if v != default]
+            if gpu_only:
+                logger.warning("target %s: %s only apply to GPU targets; ignored", target.name,
+                               ", ".join(gpu_only).replace("True", "true").replace("False", "false"))
             return
         if self.kernels == "triton":
             self._kernel_library(target)  # raises when Triton or the CUDA runtime is missing
@@ -164,8 +170,9 @@ class TvmEmitter(Emitter):
                 raise UserError(f"target '{target.name}': Triton kernels were asked for, but {why}; "
                                 "build on a machine with a CUDA driver, or use kernels=auto "
                                 "(DLight kernels here)")
-            logger.warning("target %s: GEMMs and attention on TVM's DLight kernels: %s",
-                           target.name, why)
+            logger.warning("target %s: GEMMs and attention on TVM's DLight kernels: %s%s",
+                           target.name, why, f"; fp32_precision={self.fp32_precision} (a Triton "
+                           "option) is ignored" if self.fp32_precision != "ieee" else "")
             return None, why
         tune = self.tune
         if tune is None:  # timing on another GPU than the target's would pick its tiles

@@ -79,12 +79,21 @@ def test_gpu_artifact_without_a_device_is_a_user_error(tmp_path):
     assert len(lines) == 1 and "a cuda artifact (target h200, sm_90) needs cuda device 0" in lines[0]
 
 
-def test_fp32_precision_for_cpu_is_a_warning(tmp_path):
+def test_gpu_only_options_for_cpu_are_warnings(tmp_path):
     _model(tmp_path / "m.onnx")
-    r = _passctl(tmp_path / "m.onnx", "-t", "cpu", "--emit", "tvm{fp32_precision=tf32}",
-                 "-o", tmp_path / "a")
+    r = _passctl(tmp_path / "m.onnx", "-t", "cpu", "--emit",
+                 "tvm{fp32_precision=tf32,cuda_graph=false,tensorize=true}", "-o", tmp_path / "a")
     assert r.returncode == 0, r.stderr
     assert "fp32_precision=tf32 applies to Triton kernels on GPU targets; ignored" in r.stderr
+    assert "tensorize=true, cuda_graph=false only apply to GPU targets; ignored" in r.stderr
+
+
+def test_lower_tvm_dims_given_twice_is_an_error(tmp_path):
+    from passctl.passes.fusion.lower_tvm import parse_dims
+
+    with pytest.raises(UserError, match=r"dims name 'seq' is given twice \(8 and 9\)"):
+        parse_dims("batch=1,seq=8,seq=9")
+    assert parse_dims("batch=1, x[2]=48") == {"batch": 1, "x[2]": 48}
 
 
 def test_tensorize_with_an_fp16_matmul_is_refused_before_tvm_crashes(tmp_path):
