@@ -199,8 +199,12 @@ def get_emitter(name: str) -> Emitter:
             raise UserError(f"--emit '{text}': option '{key}' is given twice")
         if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
             raw = raw[1:-1]
+        hint = hints.get(key, str)
+        if raw.lower() == "auto" and type(None) in typing.get_args(hint):
+            options[key] = None  # an Optional option's None means "decide automatically"
+            continue
         try:
-            options[key] = _convert(raw, hints.get(key, str))
+            options[key] = _convert(raw, hint)
         except ValueError as e:
             raise UserError(f"--emit '{text}': option {key}='{raw}' must be {e}") from None
     try:

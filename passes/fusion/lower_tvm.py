@@ -82,6 +82,10 @@ def check_dims(model: Model, dims: Dict[str, int]) -> None:
             continue
         if key in names:
             continue
+        if match and match["input"] in shapes:
+            rank = len(shapes[match["input"]])
+            raise UserError(f"lower-tvm: dims item '{key}={size}': input '{match['input']}' has rank "
+                            f"{rank}, so its axes are 0..{rank - 1}")
         raise UserError(f"lower-tvm: dims name '{key}' matches no dim of the model's inputs "
                         f"(symbolic dim names: {', '.join(names) or 'none'}; unknown axes, as "
                         f"INPUT[AXIS]: {', '.join(positional) or 'none'})")
@@ -93,8 +97,9 @@ class LowerTvm(Pass):
 
     Rules (stat key in brackets):
       1. Symbolic input dims named in ``dims`` (by ``dim_param`` or ``input[axis]``; unnamed
-         dims, ``?``, only by ``input[axis]``) become static [dims_fixed]: TVM artifacts are built for static shapes, and with static shapes every
-         Shape -> Gather/Concat -> Expand/Reshape chain folds to constants, which avoids the
+         dims, ``?``, only by ``input[axis]``) become static [dims_fixed]: TVM artifacts are
+         built for static shapes, and with static shapes every Shape -> Gather/Concat ->
+         Expand/Reshape chain folds to constants, which avoids the
          frontend's Expand converter comparing symbolic dims with Python ``==`` ("Cannot use and /
          or / not operator to Expr").
       2. When rule 1 changed anything: infer-shapes, fold-constants and dce run again, up to

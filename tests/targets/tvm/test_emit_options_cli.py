@@ -32,6 +32,7 @@ def test_emit_options_are_typed():
     assert (emitter.kernels, emitter.fp32_precision, emitter.cuda_graph, emitter.tune) == \
         ("tvm", "tf32x3", False, None)
     assert get_emitter("tvm").cuda_graph is True and get_emitter("tvm").tensorize is False
+    assert get_emitter("tvm{tune=auto}").tune is None and get_emitter("tvm{tune=true}").tune is True
 
 
 @pytest.mark.parametrize("text,message", [
@@ -94,6 +95,20 @@ def test_lower_tvm_dims_given_twice_is_an_error(tmp_path):
     with pytest.raises(UserError, match=r"dims name 'seq' is given twice \(8 and 9\)"):
         parse_dims("batch=1,seq=8,seq=9")
     assert parse_dims("batch=1, x[2]=48") == {"batch": 1, "x[2]": 48}
+
+
+def test_lower_tvm_axis_out_of_range_says_so():
+    from passctl.ir import from_onnx
+    from passctl.passes.fusion.lower_tvm import check_dims
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, 4, 4])])
+    model = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(UserError, match=r"dims item 'x\[4\]=2': input 'x' has rank 4, so its axes "
+                                        r"are 0..3"):
+        check_dims(model, {"x[4]": 2})
+    check_dims(model, {"x[0]": 2, "n": 2})  # both forms of the symbolic batch are accepted
 
 
 def test_tensorize_with_an_fp16_matmul_is_refused_before_tvm_crashes(tmp_path):
