@@ -1,4 +1,4 @@
-"""Small float32 graphs for the amp tests: decomposed LayerNorm, additive float32-min attention mask."""
+"""Small float32 graphs for the amp tests (decomposed LayerNorm, float32-min mask) and the amp runner."""
 
 from __future__ import annotations
 
@@ -7,7 +7,18 @@ import onnx
 import onnx.numpy_helper
 import onnx.parser
 
+from passctl.ir import from_onnx, to_onnx
+from passctl.passes.manager import PassManager
+from passctl.passes.pipeline_text import build_pipeline
+
 F32_MIN = float(np.finfo(np.float32).min)
+
+
+def run_amp(proto: onnx.ModelProto, pipeline: str, target: str = "cpu"):
+    """Run ``pipeline`` (verified after each pass) on a copy of ``proto``; (the result, amp's stats)."""
+    model = from_onnx(proto)
+    result = PassManager(build_pipeline(pipeline, target), verify_each=True).run(model)
+    return to_onnx(model), next(r.stats for r in result.records if r.name == "mixed-precision")
 
 
 def _with_initializers(text: str, arrays: dict) -> onnx.ModelProto:

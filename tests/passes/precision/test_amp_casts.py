@@ -7,10 +7,9 @@ import onnx
 import onnx.numpy_helper
 import onnx.parser
 
+from amp_graphs import layernorm_model, run_amp
 from passctl.ir import from_onnx, to_onnx
 from passctl.passes.common import InferShapes
-from passctl.passes.manager import PassManager
-from passctl.passes.pipeline_text import build_pipeline
 from passctl.passes.precision import simplify_casts
 from passctl.tools.check import run_onnxruntime
 
@@ -33,12 +32,6 @@ def _shared_weight_model() -> onnx.ModelProto:
     return model
 
 
-def _run_amp(proto, pipeline, target="cpu"):
-    model = from_onnx(proto)
-    result = PassManager(build_pipeline(pipeline, target), verify_each=True).run(model)
-    return to_onnx(model), next(r.stats for r in result.records if r.name == "mixed-precision")
-
-
 def _ops(proto):
     return [n.op_type for n in proto.graph.node]
 
@@ -47,7 +40,7 @@ def test_weight_converted_once_and_interface_kept():
     proto = _shared_weight_model()
     x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
     reference = run_onnxruntime(proto, {"x": x})["y"]
-    out, stats = _run_amp(proto, "amp{dtype=fp16,measure=false}", "a100")
+    out, stats = run_amp(proto, "amp{dtype=fp16,measure=false}", "a100")
     inits = {i.name: i for i in out.graph.initializer}
     assert [i.data_type for i in inits.values()] == [onnx.TensorProto.FLOAT16]  # one copy, fp16
     assert np.array_equal(onnx.numpy_helper.to_array(next(iter(inits.values()))),
@@ -66,7 +59,7 @@ def test_weight_converted_once_and_interface_kept():
 def test_cpu_target_emulates_and_rounds_like_fp16():
     proto = _shared_weight_model()
     x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float32)
-    out, stats = _run_amp(proto, "amp{dtype=bf16,measure=false}", "cpu")
+    out, stats = run_amp(proto, "amp{dtype=bf16,measure=false}", "cpu")
     assert stats["emulated"] is True and stats["emulated_nodes"] == 4  # 2 MatMul, Add; Relu: no bf16 CPU kernel
     got = run_onnxruntime(out, {"x": x})["y"]
     # numpy emulation of the same rounding: bf16 storage of every node output, float32 compute
@@ -80,7 +73,7 @@ def test_cpu_target_emulates_and_rounds_like_fp16():
 
 
 def test_keep_io_false_makes_the_interface_low():
-    out, _ = _run_amp(_shared_weight_model(), "amp{dtype=fp16,measure=false,keep_io=false}", "t4")
+    out, _ = run_amp(_shared_weight_model(), "amp{dtype=fp16,measure=false,keep_io=false}", "t4")
     assert out.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     assert out.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     assert "Cast" not in _ops(out)
@@ -133,7 +126,7 @@ def test_values_read_by_a_subgraph_stay_float32():
     """)
     w = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32) / 6
     proto.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
-    out, stats = _run_amp(proto, "amp{dtype=fp16,measure=false}", "a100")
+    out, stats = run_amp(proto, "amp{dtype=fp16,measure=false}", "a100")
     why = [(e["op"], e["precision"], e.get("why")) for e in stats["nodes"]]
     assert why[:3] == [("MatMul", "fp32", "read-by-subgraph"), ("Relu", "fp32", "read-by-subgraph"),
                        ("MatMul", "fp16", None)]
@@ -154,7 +147,7 @@ def test_keep_io_false_with_a_float32_node_on_the_input():
       y = Mul(e, x)
     }
     """)
-    out, stats = _run_amp(proto, "amp{dtype=fp16,measure=false,keep_io=false}", "t4")
+    out, stats = run_amp(proto, "amp{dtype=fp16,measure=false,keep_io=false}", "t4")
     assert [(e["op"], e["precision"]) for e in stats["nodes"]] == [("Exp", "fp32"), ("Mul", "fp16")]
     x = np.linspace(-2, 2, 8).astype(np.float16)
     got = run_onnxruntime(out, {"x": x})["y"]
@@ -164,16 +157,10 @@ def test_keep_io_false_with_a_float32_node_on_the_input():
 
 
 def test_after_fuse_the_fused_norm_runs_in_fp16():
-    from amp_graphs import layernorm_model
-
     proto = layernorm_model()
-    model = from_onnx(proto)
-    result = PassManager(build_pipeline("cleanup,fuse,amp{dtype=fp16,samples=1}", "a100"),
-                         verify_each=True).run(model)
-    stats = next(r.stats for r in result.records if r.name == "mixed-precision")
+    out, stats = run_amp(proto, "cleanup,fuse,amp{dtype=fp16,samples=1}", "a100")
     ops = {(e["op"], e["precision"]) for e in stats["nodes"]}
     assert ops == {("LayerNormalization", "fp16"), ("MatMul", "fp16")}, ops
-    out = to_onnx(model)
     x = (np.random.default_rng(4).standard_normal((2, 64)) * 300).astype(np.float32)
     x[0, 0] = 800.0  # LayerNormalization keeps its statistics in float32 (stash_type=1)
     got, want = run_onnxruntime(out, {"x": x})["y"], run_onnxruntime(proto, {"x": x})["y"]
@@ -196,7 +183,7 @@ def test_onnxruntime_contrib_norm_runs_in_fp16_with_its_float_outputs_kept():
     for name, arr in (("w", rng.standard_normal((32, 32)) / 6), ("gamma", 1 + 0.1 * rng.standard_normal(32)),
                       ("beta", 0.1 * rng.standard_normal(32))):
         proto.graph.initializer.append(onnx.numpy_helper.from_array(arr.astype(np.float32), name))
-    out, stats = _run_amp(proto, "amp{dtype=fp16,measure=false}", "a100")
+    out, stats = run_amp(proto, "amp{dtype=fp16,measure=false}", "a100")
     assert [(e["op"], e["precision"]) for e in stats["nodes"]] == [
         ("MatMul", "fp16"), ("SkipLayerNormalization", "fp16"), ("MatMul", "fp16")]
     skip_node = next(n for n in out.graph.node if n.op_type == "SkipLayerNormalization")

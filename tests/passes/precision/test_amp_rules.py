@@ -5,22 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from amp_graphs import F32_MIN, layernorm_model, masked_attention_model
+from amp_graphs import F32_MIN, layernorm_model, masked_attention_model, run_amp
 from passctl.ir import DataType, from_onnx, to_onnx
 from passctl.passes.common import InferShapes
-from passctl.passes.manager import PassManager
-from passctl.passes.pipeline_text import build_pipeline
 from passctl.passes.precision import apply_precision, layernorm_chains, rule_fp32_nodes
 from passctl.passes.precision.ops import convertible
 from passctl.passes.precision.rules import becomes_inf
 from passctl.tools.check import run_onnxruntime
-
-
-def _amp(proto, pipeline: str, target: str = "cpu"):
-    model = from_onnx(proto)
-    result = PassManager(build_pipeline(pipeline, target), verify_each=True).run(model)
-    stats = next(r.stats for r in result.records if r.name == "mixed-precision")
-    return to_onnx(model), stats
 
 
 def _naive_all_low(proto, low=DataType.FLOAT16):
@@ -65,7 +56,7 @@ def test_layernorm_input_800_stays_finite_in_fp16():
     # (x - mean)**2 > 65504 is inf in fp16: the variance is inf and every normalized value 0
     assert not np.isfinite(naive).all() or _rel(naive, reference) > 0.5
     for target in ("cpu", "a100"):  # emulated, and the real fp16 typed graph (ORT's fp16 kernels)
-        candidate, stats = _amp(proto, "amp{dtype=fp16,budget=1e-2,samples=1}", target)
+        candidate, stats = run_amp(proto, "amp{dtype=fp16,budget=1e-2,samples=1}", target)
         got = run_onnxruntime(candidate, {"x": x})["y"]
         assert np.isfinite(got).all()
         assert _rel(got, reference) < 5e-3
@@ -83,7 +74,7 @@ def test_float32_min_mask_gives_no_nan(dtype):
     with np.errstate(over="ignore"):
         assert np.isneginf(np.float32(F32_MIN).astype(low.numpy()))
     proto = masked_attention_model()
-    candidate, stats = _amp(proto, f"amp{{dtype={dtype},budget=5e-2,samples=1}}")
+    candidate, stats = run_amp(proto, f"amp{{dtype={dtype},budget=5e-2,samples=1}}")
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((8, 16)) * 4).astype(np.float32)
     tol = 5e-3 if dtype == "fp16" else 3e-2

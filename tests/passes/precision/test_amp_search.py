@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-from amp_graphs import cancellation_model
-from passctl.ir import DataType, from_onnx, to_onnx
+from amp_graphs import cancellation_model, run_amp
+from passctl.ir import DataType, from_onnx
 from passctl.ir.errors import UserError
 from passctl.passes.common import InferShapes
 from passctl.passes.manager import PassManager
@@ -84,10 +84,7 @@ def test_measure_ranges_and_sensitivity_ranking():
 
 def test_search_keeps_the_cancelling_pair_fp32():
     proto = cancellation_model()
-    model = from_onnx(proto)
-    result = PassManager(build_pipeline("amp{dtype=fp16,budget=1e-2,metric=max-rel}", "cpu"),
-                         verify_each=True).run(model)
-    stats = next(r.stats for r in result.records if r.name == "mixed-precision")
+    out, stats = run_amp(proto, "amp{dtype=fp16,budget=1e-2,metric=max-rel}", "cpu")
     precision = {e["name"]: (e["precision"], e.get("why", "")) for e in stats["nodes"]}
     assert precision["Add@0"][0] == precision["Sub@1"][0] == "fp32"
     assert precision["Add@0"][1].startswith("measured sensitivity")
@@ -96,7 +93,7 @@ def test_search_keeps_the_cancelling_pair_fp32():
     assert search["history"][0][0] == 0 and search["history"][0][1] > 1e-2  # all fp16 fails
     assert search["fp32_by_search"] == 2 and search["within_budget"] and search["error"] <= 1e-2
     x = np.linspace(-1, 1, 64).astype(np.float32)
-    got, want = run_onnxruntime(to_onnx(model), {"x": x})["y"], run_onnxruntime(proto, {"x": x})["y"]
+    got, want = run_onnxruntime(out, {"x": x})["y"], run_onnxruntime(proto, {"x": x})["y"]
     assert np.abs(got - want).max() / np.abs(want).max() <= 1e-2
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from amp_graphs import layernorm_model
-from passctl.ir import from_onnx, to_onnx
+from amp_graphs import layernorm_model, run_amp
+from passctl.ir import from_onnx
 from passctl.ir.errors import UserError
 from passctl.passes.manager import PassManager
 from passctl.passes.pipeline_text import build_pipeline, format_pipeline
@@ -44,13 +44,9 @@ def test_explicit_target_option_wins():
 @pytest.mark.parametrize("target,dtype,elem", [("a100", "bf16", onnx.TensorProto.BFLOAT16),
                                                ("t4", "fp16", onnx.TensorProto.FLOAT16)])
 def test_gpu_targets_get_the_typed_graph(target, dtype, elem):
-    model = from_onnx(layernorm_model())
-    result = PassManager(build_pipeline(f"amp{{dtype={dtype},budget=5e-2,samples=1}}", target),
-                         verify_each=True).run(model)
-    stats = next(r.stats for r in result.records if r.name == "mixed-precision")
+    proto, stats = run_amp(layernorm_model(), f"amp{{dtype={dtype},budget=5e-2,samples=1}}", target)
     assert stats["target"]["target"] == target and stats["emulated"] is False
     assert stats["emulated_nodes"] == 0
-    proto = to_onnx(model)
     inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True)
     types = {v.name: v.type.tensor_type.elem_type for v in
              list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)}
