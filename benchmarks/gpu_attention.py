@@ -114,8 +114,7 @@ def tvm_artifact(onnx_path: str, pipeline: str, folder: str, emitter=None):
     from passctl.targets.tvm import TvmEmitter, load_artifact
     model = load(onnx_path)
     result = PassManager(build_pipeline(pipeline, "h200", "tvm")).run(model)
-    stats = {r.name: r.stats for r in result.records if r.name == "fuse-attention"}
-    fuse = stats.get("fuse-attention", {})
+    fuse = next((r.stats for r in result.records if r.name == "fuse-attention"), {})
     target = get_target("h200")
     os.makedirs(folder, exist_ok=True)
     info = TvmEmitter(self_check=False, **(emitter or TVM_ONLY)).write(model, target, folder)
@@ -133,6 +132,18 @@ def run_tvm(art, feeds, warmup: int, iters: int):
     first = out[0].numpy()
     timing = cuda_ms(lambda: art._call(args), warmup, iters)
     return first, timing
+
+
+def record_tvm_variants(case: str, variants, path: str, feeds, ref, args, tmp: str) -> None:
+    """Build, run and record each ``(variant, pipeline, emitter options)`` of ``variants`` on the
+    ONNX model at ``path``: timing, errors against ``ref`` and the fuse-attention summary."""
+    for variant, pipeline, emitter in variants:
+        def go(pipeline=pipeline, variant=variant, emitter=emitter):
+            art, summary = tvm_artifact(path, pipeline, os.path.join(tmp, variant.replace(" ", "_")),
+                                        emitter)
+            out, timing = run_tvm(art, feeds, args.warmup, args.iters)
+            return {**timing, **_errors(out, ref), **summary}
+        _record(case, variant, go)
 
 
 # -- case 1: attention B8 H16 S4096 D64 --------------------------------------------------------------
@@ -183,14 +194,9 @@ def case_attention(args, tmp: str) -> None:
     path = os.path.join(tmp, "attention.onnx")
     attention_onnx(path, b, h, s, d)
     feeds = {"q": q.cpu().numpy(), "k": k.cpu().numpy(), "v": v.cpu().numpy()}
-    for variant, pipeline, emitter in (("tvm unfused", "lower-tvm", TVM_ONLY),
-                                       ("tvm substituted", "flash-attn,lower-tvm", TRITON)):
-        def go(pipeline=pipeline, variant=variant, emitter=emitter):
-            art, summary = tvm_artifact(path, pipeline, os.path.join(tmp, variant.replace(" ", "_")),
-                                        emitter)
-            out, timing = run_tvm(art, feeds, args.warmup, args.iters)
-            return {**timing, **_errors(out, ref), **summary}
-        _record(case, variant, go)
+    record_tvm_variants(case, (("tvm unfused", "lower-tvm", TVM_ONLY),
+                               ("tvm substituted", "flash-attn,lower-tvm", TRITON)),
+                        path, feeds, ref, args, tmp)
 
 
 # -- case 2: BERT-base batch 8 seq 512 ---------------------------------------------------------------
@@ -247,17 +253,11 @@ def case_bert(args, tmp: str) -> None:
 
     _record(case, "onnx export (legacy, fp16)", export)
     feeds = {"input_ids": ids.numpy()}
-    for variant, pipeline, emitter in (
-            ("tvm unfused", "cleanup,lower-tvm", TVM_ONLY),
-            ("tvm unfused (Triton GEMMs)", "cleanup,fuse,lower-tvm", TRITON),
-            ("tvm substituted", "cleanup,flash-attn,lower-tvm", TRITON),
-            ("tvm fuse+substituted", "cleanup,fuse,flash-attn,lower-tvm", TRITON)):
-        def go(pipeline=pipeline, variant=variant, emitter=emitter):
-            art, summary = tvm_artifact(path, pipeline, os.path.join(tmp, variant.replace(" ", "_")),
-                                        emitter)
-            out, timing = run_tvm(art, feeds, args.warmup, args.iters)
-            return {**timing, **_errors(out, ref), **summary}
-        _record(case, variant, go)
+    record_tvm_variants(case, (("tvm unfused", "cleanup,lower-tvm", TVM_ONLY),
+                               ("tvm unfused (Triton GEMMs)", "cleanup,fuse,lower-tvm", TRITON),
+                               ("tvm substituted", "cleanup,flash-attn,lower-tvm", TRITON),
+                               ("tvm fuse+substituted", "cleanup,fuse,flash-attn,lower-tvm", TRITON)),
+                        path, feeds, ref, args, tmp)
 
 
 def table() -> str:
