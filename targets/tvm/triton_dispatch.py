@@ -73,8 +73,6 @@ def call_gemm(bb, lib: TritonLibrary, a, b, bias=None, act: int = 0, residual=No
         b: Relax expr [K, N], or [N, K] with ``b_transposed``.
         bias: [N] (or any shape with N elements) or None; residual: a's shape with N last, or None.
     """
-    from tvm import relax
-
     a_shape = [int(x) for x in a.ty.shape]
     b_shape = [int(x) for x in b.ty.shape]
     n = b_shape[0] if b_transposed else b_shape[1]
@@ -83,15 +81,12 @@ def call_gemm(bb, lib: TritonLibrary, a, b, bias=None, act: int = 0, residual=No
     m = math.prod(a_shape[:-1])
     spec = GemmSpec(1, m, n, k, dtype, b_transposed, bias is not None, act, residual is not None)
     kernel, grid = gemm_kernel_for(lib, spec)
-    out_shape = a_shape[:-1] + [n]
     inputs = [a, b] + ([bias] if bias is not None else []) + ([residual] if residual is not None
                                                               else [])
-    buffers = [([int(x) for x in e.ty.shape], str(e.ty.dtype)) for e in inputs] + [(out_shape, dtype)]
     out = len(inputs)
     pointers = [0, 1, 2 if bias is not None else out,
                 (3 if bias is not None else 2) if residual is not None else out, out]
-    gv = bb.add_func(launcher(kernel, buffers, pointers, grid), kernel.name + "_launch")
-    return relax.call_tir(gv, relax.Tuple(inputs), relax.TensorType(out_shape, dtype))
+    return _call_kernel(bb, lib, kernel, grid, inputs, pointers, a_shape[:-1] + [n], dtype)
 
 
 def call_attention(bb, lib: TritonLibrary, q, k, v, mask, attrs: Dict[str, Any]):
@@ -104,8 +99,7 @@ def call_attention(bb, lib: TritonLibrary, q, k, v, mask, attrs: Dict[str, Any])
     """
     from tvm import relax
 
-    def text(x):
-        return x.decode() if isinstance(x, bytes) else str(x)
+    from passctl.passes.attention.tvm_relax import _text as text
 
     qs, ks, vs = ([int(x) for x in e.ty.shape] for e in (q, k, v))
     dtype = str(q.ty.dtype)
@@ -138,12 +132,26 @@ def call_attention(bb, lib: TritonLibrary, q, k, v, mask, attrs: Dict[str, Any])
                          str(mask.ty.dtype) if kind else "", bool(int(attrs.get("is_causal", 0)))
                          and not kind, bool(int(attrs.get("nan_to_zero", 0))), tuple(bshd))
     kernel, grid = attention_kernel_for(lib, spec)
-    out_shape = [qs[0], qs[1], qs[2], vs[3]]
-    buffers = [([int(x) for x in e.ty.shape], str(e.ty.dtype)) for e in inputs] + [(out_shape, dtype)]
     out = len(inputs)
-    pointers = [0, 1, 2, 3 if kind else out, out]
-    gv = bb.add_func(launcher(kernel, buffers, pointers, grid), kernel.name + "_launch")
-    return relax.call_tir(gv, relax.Tuple(inputs), relax.TensorType(out_shape, dtype))
+    return _call_kernel(bb, lib, kernel, grid, inputs, [0, 1, 2, 3 if kind else out, out],
+                        [qs[0], qs[1], qs[2], vs[3]], dtype)
+
+
+def _call_kernel(bb, lib: TritonLibrary, kernel: Kernel, grid: Tuple[int, int, int], inputs,
+                 pointers: Sequence[int], out_shape: Sequence[int], dtype: str):
+    """``call_tir`` of ``kernel``'s launcher on ``inputs`` with one ``out_shape`` / ``dtype``
+    output. The launcher PrimFunc is built once per kernel and buffer layout (BERT launches each
+    GEMM specialization once per layer) and kept in ``lib.launchers``; ``bb.add_func`` adds it to
+    the module once."""
+    from tvm import relax
+
+    buffers = tuple((tuple(int(x) for x in e.ty.shape), str(e.ty.dtype)) for e in inputs) + (
+        (tuple(int(x) for x in out_shape), dtype),)
+    key = (kernel.name, buffers, tuple(pointers), tuple(grid))
+    if key not in lib.launchers:
+        lib.launchers[key] = launcher(kernel, buffers, pointers, grid)
+    gv = bb.add_func(lib.launchers[key], kernel.name + "_launch")
+    return relax.call_tir(gv, relax.Tuple(inputs), relax.TensorType(list(out_shape), dtype))
 
 
 def _is_call(expr, name: str) -> bool:
