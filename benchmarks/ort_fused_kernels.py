@@ -79,7 +79,7 @@ def cases(seed: int = 0) -> Dict[str, Tuple[bytes, bytes, List[Tuple[str, List[i
 
 def measure(runs: int, threads: int = 2) -> List[str]:
     """Markdown table rows: case, level, unfused and fused medians (us), their ratio, max |difference|."""
-    import onnxruntime as ort
+    from passctl.tools.check import cpu_session
 
     rng = np.random.default_rng(1)
     rows = ["| case | ORT level | unfused us | fused us | fused/unfused | max abs diff |",
@@ -87,10 +87,7 @@ def measure(runs: int, threads: int = 2) -> List[str]:
     for name, (unfused, fused, inputs) in cases().items():
         feeds = {k: rng.standard_normal(s).astype(np.float32) for k, s in inputs}
         for level in ("ORT_DISABLE_ALL", "ORT_ENABLE_ALL"):
-            options = ort.SessionOptions()
-            options.intra_op_num_threads, options.log_severity_level = threads, 3
-            options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-            sessions = [ort.InferenceSession(m, options, providers=["CPUExecutionProvider"])
+            sessions = [cpu_session(m, optimize=level == "ORT_ENABLE_ALL", threads=threads)
                         for m in (unfused, fused)]
             results = [s.run(None, feeds)[0] for s in sessions]
             times: List[List[float]] = [[], []]

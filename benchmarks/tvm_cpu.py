@@ -74,13 +74,10 @@ def time_ms(call: Callable[[], object], runs: int, warmup: int = 2) -> List[floa
 
 
 def run_onnxruntime(path: str, feeds) -> Tuple[Callable, np.ndarray, float]:
-    import onnxruntime as ort
+    from passctl.tools.check import cpu_session
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = os.cpu_count() or 1
     start = time.perf_counter()
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    sess = cpu_session(path, optimize=True, threads=os.cpu_count() or 1)
     build = time.perf_counter() - start
     return (lambda: sess.run(None, feeds)), sess.run(None, feeds)[0], build
 
