@@ -145,15 +145,6 @@ def _write_atomic(path: str, write: Callable, before_rename: Optional[Callable] 
 
 
 # -- model walks --------------------------------------------------------------------------------
-def _graphs(model: Model) -> Iterator[Graph]:
-    stack = [model.graph] + [f.graph for f in model.functions.values()]
-    while stack:
-        g = stack.pop()
-        yield g
-        for n in g:
-            stack.extend(n.subgraphs())
-
-
 def _initializers(graph: Graph) -> Iterator[Value]:
     yield from graph.initializers.values()
     for n in graph.all_nodes():
@@ -162,7 +153,7 @@ def _initializers(graph: Graph) -> Iterator[Value]:
 
 
 def _all_tensors(model: Model) -> Iterator[Tensor]:
-    for g in _graphs(model):
+    for g in model.graphs():
         for v in g.initializers.values():
             yield v.const
         for n in g:
