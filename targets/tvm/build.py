@@ -135,23 +135,16 @@ def pack_gpu_weights(mod, target):
     import_tvm()
     from tvm import relax
 
-    @relax.expr_functor.mutator
-    class _BiasLast(relax.PyExprMutator):
-        """``add(b, x)`` with a lower-rank ``b`` -> ``add(x, b)``: exporters write the bias
-        first (torch's legacy exporter: ``Add(bias, MatMul)``), CombineParallelMatmul matches
-        ``add(matmul, bias)`` only."""
+    def bias_last(_builder, call):
+        # add(b, x) with a lower-rank b -> add(x, b): exporters write the bias first (torch's
+        # legacy exporter: Add(bias, MatMul)); CombineParallelMatmul matches add(matmul, bias) only
+        ranks = [_rank(x) for x in call.args]
+        if (getattr(call.op, "name", None) == "relax.add" and len(ranks) == 2
+                and None not in ranks and ranks[0] < ranks[1]):
+            return relax.op.add(call.args[1], call.args[0])
+        return None
 
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if (getattr(call.op, "name", None) == "relax.add" and len(call.args) == 2
-                    and _rank(call.args[0]) is not None and _rank(call.args[1]) is not None
-                    and _rank(call.args[0]) < _rank(call.args[1])):
-                return relax.op.add(call.args[1], call.args[0])
-            return call
-
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mod[gv] = _BiasLast(mod).visit_expr(func)
+    mod, _ = _rewrite_calls(mod, bias_last)
     with target:
         mod = relax.transform.CombineParallelMatmul()(mod)
         mod = relax.transform.LiftTransformParams()(mod)
@@ -180,24 +173,37 @@ def accumulate_in_fp32(mod):
     import_tvm()
     from tvm import relax
 
+    def widen(builder, call):
+        dtype = str(getattr(call.ty, "dtype", ""))
+        if (getattr(call.op, "name", None) != "relax.matmul" or len(call.args) != 2
+                or dtype not in ("float16", "bfloat16")):
+            return None
+        wide = builder.normalize(relax.op.matmul(call.args[0], call.args[1], out_dtype="float32"))
+        return relax.op.astype(wide, dtype)
+
+    return _rewrite_calls(mod, widen)
+
+
+def _rewrite_calls(mod, rewrite):
+    """Apply ``rewrite(builder, call) -> new expr or None`` to every call (operands first) of
+    every Relax function of ``mod``; returns ``(mod, number of calls rewritten)``."""
+    from tvm import relax
+
     count = [0]
 
     @relax.expr_functor.mutator
-    class _Fp32Accumulate(relax.PyExprMutator):
+    class _Rewriter(relax.PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            dtype = str(getattr(call.ty, "dtype", "")) if hasattr(call, "ty") else ""
-            if (getattr(call.op, "name", None) == "relax.matmul" and len(call.args) == 2
-                    and dtype in ("float16", "bfloat16")):
-                count[0] += 1
-                wide = self.builder_.normalize(
-                    relax.op.matmul(call.args[0], call.args[1], out_dtype="float32"))
-                return relax.op.astype(wide, dtype)
-            return call
+            new = rewrite(self.builder_, call)
+            if new is None:
+                return call
+            count[0] += 1
+            return new
 
     for gv, func in list(mod.functions_items()):
         if isinstance(func, relax.Function):
-            mod[gv] = _Fp32Accumulate(mod).visit_expr(func)
+            mod[gv] = _Rewriter(mod).visit_expr(func)
     return mod, count[0]
 
 
