@@ -150,6 +150,20 @@ def _to_bsd(ctx: LowerContext, x: Value, heads: int, head_size: Optional[int]) -
                     _i64(ctx, [0, 0, hidden], "attn_bsd"))
 
 
+def _from_bsd(ctx: LowerContext, y: Value, heads: int) -> Value:
+    """``[B, S, H * Dv]`` -> ``[B, H, S, Dv]`` (Reshape + Transpose, which ONNX Runtime cancels
+    against the model's own head-merging Transpose)."""
+    y4 = ctx.b.op("Reshape", y, _i64(ctx, [0, 0, heads, -1], "attn_bshd"))
+    return ctx.b.op("Transpose", y4, perm=[0, 2, 1, 3])
+
+
+def _without_trailing_none(ins: list) -> list:
+    """``ins`` without its trailing omitted (None) optional inputs."""
+    while ins and ins[-1] is None:
+        ins.pop()
+    return ins
+
+
 def _bias(ctx: LowerContext, node: Node) -> Optional[Value]:
     """The mask as an additive float bias ``[B|1, 1|H, S, T]`` (a boolean mask becomes 0 / -inf)."""
     q, mask, kind = node.inputs[0], _mask(node), node.attr("mask_kind", "none")
@@ -208,16 +222,14 @@ def group_query_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     total = b.op("Cast", b.op("Reshape", seq, _i64(ctx, [], "attn_scalar")), to=6)
     last = b.op("Cast", b.op("Sub", seq, _i64(ctx, [1], "attn_one")), to=6)
     seqlens = b.op("Expand", last, batch)
-    ins = [q3, k3, v3, None, None, seqlens, total, None, None, None, _bias(ctx, node)]
-    while ins[-1] is None:
-        ins.pop()
+    ins = _without_trailing_none([q3, k3, v3, None, None, seqlens, total, None, None, None,
+                                  _bias(ctx, node)])
     y, _, _ = b.op("GroupQueryAttention", *ins, domain=MS_DOMAIN, outputs=3, num_heads=heads,
                    kv_num_heads=kv_heads, scale=scale)
     if nan_zero:
         y = _nan_to_zero(ctx, y)
     ctx.form = f"{OP_TYPE}->com.microsoft::GroupQueryAttention"
-    return b.op("Transpose", b.op("Reshape", y, _i64(ctx, [0, 0, heads, -1], "attn_bshd")),
-                perm=[0, 2, 1, 3])
+    return _from_bsd(ctx, y, heads)
 
 
 def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
@@ -227,21 +239,18 @@ def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     ``[B|1, 1, S, T]``; the output goes back to ``[B, H, S, Dv]`` (Reshape + Transpose, which ONNX
     Runtime cancels against the model's own Transpose). None when V's head size differs from Q's."""
     q, k, v = node.inputs[:3]
-    mask = _mask(node)
-    scale, kind, causal, heads, kv_heads, _, nan_zero = _attrs(node)
+    scale, _, causal, heads, kv_heads, _, nan_zero = _attrs(node)
     qd, vd = dims(q), dims(v)
     if qd is None or vd is None or (isinstance(vd[3], int) and isinstance(qd[3], int) and vd[3] != qd[3]):
         return None
-    b, dtype = ctx.b, _np_dtype(q)
+    b = ctx.b
     head_size = qd[3] if isinstance(qd[3], int) else None
     n_rep = heads // kv_heads
     k3 = _to_bsd(ctx, repeat_kv(ctx, k, n_rep, heads, head_size), heads, head_size)
     v3 = _to_bsd(ctx, repeat_kv(ctx, v, n_rep, heads, head_size), heads, head_size)
     q3 = _to_bsd(ctx, q, heads, head_size)
     bias = _bias(ctx, node)
-    ins = [q3, k3, v3, None, None, bias]
-    while ins[-1] is None:
-        ins.pop()
+    ins = _without_trailing_none([q3, k3, v3, None, None, bias])
     # NOTE: unidirectional only without a mask: with one, the flag is a hint (the mask holds the
     # causal part), and ONNX Runtime 1.32's CPU MultiHeadAttention with both gave wrong values for
     # left-padded rows (measured on the GPT-2 and LLaMA exports).
@@ -250,8 +259,7 @@ def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     if nan_zero:
         y = _nan_to_zero(ctx, y)
     ctx.form = f"{OP_TYPE}->com.microsoft::MultiHeadAttention" + (" (kv repeated)" if n_rep > 1 else "")
-    y4 = b.op("Reshape", y, _i64(ctx, [0, 0, heads, -1], "attn_bshd"))
-    return b.op("Transpose", y4, perm=[0, 2, 1, 3])
+    return _from_bsd(ctx, y, heads)
 
 
 # NOTE: the first function that returns a value wins: Attention-23 only exists from opset 23;

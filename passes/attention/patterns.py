@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Dict, List, Optional, Tuple, Type
+from typing import Dict, List, Tuple, Type
 
 import numpy as np
 
-from passctl.ir import Node, Value
+from passctl.ir import Value
 from passctl.passes.attention import guard
 from passctl.passes.attention.canonical import OP_TYPE
 from passctl.passes.fusion.canonical import DOMAIN
@@ -159,23 +159,4 @@ PATTERNS: List[Type[AttentionPattern]] = _make_family()
 globals().update({cls.__name__: cls for cls in PATTERNS})
 
 
-def pattern_by_number(number: int) -> Optional[Type[AttentionPattern]]:
-    """``pattern_<number>`` (None when out of range)."""
-    return PATTERNS[number - 1] if 1 <= number <= len(PATTERNS) else None
-
-
-def softmax_of(node: Node) -> Optional[Node]:
-    """The Softmax feeding a MatMul's first input through the nan guard or a Cast, if any."""
-    v = node.inputs[0] if node.inputs else None
-    for _ in range(3):
-        p = v.producer if v is not None else None
-        if p is None:
-            return None
-        if p.op_type == "Softmax":
-            return p
-        v = p.inputs[-1] if p.op_type == "Where" else p.inputs[0]
-    return None
-
-
-__all__ = ["AttentionPattern", "MASK_FORMS", "PATTERNS", "SCALE_FORMS", "SOFTMAX_FORMS",
-           "pattern_by_number", "softmax_of"]
+__all__ = ["AttentionPattern", "MASK_FORMS", "PATTERNS", "SCALE_FORMS", "SOFTMAX_FORMS"]
