@@ -203,6 +203,8 @@ def _tvm_artifact(folder: str):
         params = {k: (rng.standard_normal(shape) * 0.05).astype(dtype)
                   for k, (shape, dtype) in specs.items()}
     weights = [rt.tensor(params[n], dev) for n in manifest["param_names"]]
+    if manifest.get("transform_params"):  # weights into the kernels' layout, once (as TvmArtifact)
+        weights = list(vm[manifest["transform_params"]](weights))
     return vm["main"], weights, dev
 
 
