@@ -182,20 +182,19 @@ def _check_output_path(out: str, model_path: str) -> None:
                         "choose a writable -o")
 
 
-def _default_rtol(args, passes, console) -> None:
+def _default_rtol(args, flat, console) -> None:
     """Set ``args.rtol`` when ``--rtol`` was not given: the amp pass's ``budget`` when the
-    pipeline has amp (``mixed-precision``; its outputs are meant to differ that much), else
-    :data:`passctl.tools.check.DEFAULT_RTOL`. Says so on stderr when it uses the budget."""
-    from passctl.passes.manager import FixpointGroup
+    pipeline (``flat``: its passes, fixpoint groups flattened) has amp (``mixed-precision``; its
+    outputs are meant to differ that much), else :data:`passctl.tools.check.DEFAULT_RTOL`. Says so
+    on stderr when it uses the budget."""
     from passctl.tools.check import DEFAULT_RTOL
 
     if args.rtol is not None:
         return
     args.rtol = DEFAULT_RTOL
-    for item in passes:
-        for p in item.passes if isinstance(item, FixpointGroup) else [item]:
-            if p.name == "mixed-precision":
-                args.rtol = max(DEFAULT_RTOL, float(p.options.budget))
+    for p in flat:
+        if p.name == "mixed-precision":
+            args.rtol = max(DEFAULT_RTOL, float(p.options.budget))
     if args.rtol != DEFAULT_RTOL and (args.check or args.check_each) and not args.quiet:
         console.print(f"note: the check accepts rtol {args.rtol:g}, the amp pass's budget "
                       "(give --rtol to change it)", markup=False, highlight=False)
@@ -234,21 +233,16 @@ def _check_writable_folder(folder: str, option: str) -> None:
                         "writable folder") from e
 
 
-def _check_print_ir_names(args, passes) -> None:
-    """``--print-ir-before/after`` must name passes of the pipeline (or ``all``).
+def _check_print_ir_names(args, flat) -> None:
+    """``--print-ir-before/after`` must name passes of the pipeline (``flat``: its passes, fixpoint
+    groups flattened) or be ``all``.
 
     Raises:
         UserError: a name matches no pass of the pipeline; the closest names are suggested.
     """
     import difflib
 
-    from passctl.passes.manager import FixpointGroup
-
-    names: List[str] = []
-    for item in passes:
-        for p in item.passes if isinstance(item, FixpointGroup) else [item]:
-            if p.name not in names:
-                names.append(p.name)
+    names: List[str] = list(dict.fromkeys(p.name for p in flat))
     names += [] if "dce" in names else ["dce"]  # the final dce compile may add
     for option, given in (("--print-ir-before", args.print_ir_before),
                           ("--print-ir-after", args.print_ir_after)):
@@ -297,8 +291,9 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     emitter = get_emitter(args.emit or target.default_emitter)
     emitter.preflight(target, check=bool(args.check))
     passes = build_pipeline(args.pipeline, target.name, emitter.name)
+    flat = PassManager(passes).flat_passes()
     dims, overrides = parse_dims(args.dim), load_input_file(args.inputs)
-    _default_rtol(args, passes, console)
+    _default_rtol(args, flat, console)
     steps = 1 + len(passes) + 1 + 1 + int(args.check)  # load, passes, final dce, emit, check
 
     with DelayedProgress(console, total=steps) as progress, \
@@ -314,7 +309,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         t_loaded = time.perf_counter()
 
         _check_inputs(reference, dims, overrides)
-        _check_print_ir_names(args, passes)
+        _check_print_ir_names(args, flat)
         if args.dump_ir:
             _check_writable_folder(args.dump_ir, "--dump-ir")
         instruments = build_instruments(args, reference, dims, overrides) + [
@@ -332,7 +327,6 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                                                             model)) from e
         t_passes = time.perf_counter()
         ran = list(passes)
-        flat = manager.flat_passes()
         if result.records and result.records[-1].name == "dce" and (
                 not flat or flat[-1].name != "dce"):  # the manager's final dce
             from passctl.passes.registry import get_pass
