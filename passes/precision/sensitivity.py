@@ -65,19 +65,14 @@ def _interface_only(model: Model) -> Model:
 
 def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = None,
               threads: Optional[int] = None) -> List[Dict[str, np.ndarray]]:
-    """Run ``model`` (IR, weights embedded; under 2 GB) on ONNX Runtime's CPU EP for every feed.
+    """Run ``model`` (IR) on ONNX Runtime's CPU EP for every feed (:func:`passctl.tools.check.cpu_session`).
 
     Graph optimizations are off (``ORT_DISABLE_ALL``) so the Casts that round to low precision are
     executed as written. Models with :data:`EMBED_LIMIT` bytes of weights or more are written to a
     temporary folder with external data first.
     """
-    import onnxruntime as ort
+    from passctl.tools.check import cpu_session
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    if threads is not None:
-        options.intra_op_num_threads = threads
     weights = sum(v.const.nbytes for v in model.graph.initializers.values() if v.const is not None)
     with tempfile.TemporaryDirectory(prefix="passctl-amp-") as folder:
         if weights < EMBED_LIMIT:
@@ -85,7 +80,7 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
         else:  # protobuf's 2 GB limit: weights in an external data file next to a temporary model
             data = os.path.join(folder, "model.onnx")
             save(model, data, external_data=True)
-        session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        session = cpu_session(data, threads=threads)
         del data
     names = list(outputs) if outputs is not None else [o.name for o in session.get_outputs()]
     wanted = [i.name for i in session.get_inputs()]
