@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
+from passctl.ir import UNNAMED_DIM_PARAMS
 from passctl.ir.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -21,7 +22,6 @@ DEFAULT_OTHER = 16
 ID_HIGH = 1000
 OTHER_INT_HIGH = 10
 
-_UNNAMED = ("", "?", "-1", "None", "unk")
 _BATCH_NAME = re.compile(r"batch|^n$|^b$|^bs$|^num_seq", re.IGNORECASE)
 _SEQUENCE_NAME = re.compile(r"seq|len|time|token|step|frames", re.IGNORECASE)
 
@@ -86,7 +86,7 @@ def _resolve_shape(value: onnx.ValueInfoProto, dim_values: Mapping[str, int],
             shape.append(dim.dim_value)
             continue
         dim_name = dim.dim_param if dim.HasField("dim_param") else ""
-        if dim_name in _UNNAMED:
+        if dim_name in UNNAMED_DIM_PARAMS:
             dim_name = ""
         positional = f"{value.name}[{axis}]"
         if positional in dim_values:
@@ -110,7 +110,7 @@ def _bind_override(value: onnx.ValueInfoProto, array: np.ndarray, bound: Dict[st
     if len(dims) != array.ndim:
         return
     for dim, size in zip(dims, array.shape):
-        if dim.HasField("dim_param") and dim.dim_param not in _UNNAMED:
+        if dim.HasField("dim_param") and dim.dim_param not in UNNAMED_DIM_PARAMS:
             bound.setdefault(dim.dim_param, int(size))
 
 
@@ -171,7 +171,7 @@ def check_dim_names(model: Union[onnx.ModelProto, str], dim_values: Mapping[str,
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 continue
             positional.append(f"{value.name}[{axis}]")
-            if dim.dim_param and dim.dim_param not in _UNNAMED and dim.dim_param not in params:
+            if dim.dim_param and dim.dim_param not in UNNAMED_DIM_PARAMS and dim.dim_param not in params:
                 params.append(dim.dim_param)
     for key in dim_values:
         if key not in params and key not in positional:
