@@ -67,13 +67,10 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
-def _value_specs(values, relax_types=None) -> List[Dict[str, Any]]:
-    specs = []
-    for i, v in enumerate(values):
-        shape = list(v.shape.dims) if v.shape is not None else None
-        dtype = np.dtype(v.dtype.numpy()).name if v.dtype is not None else None
-        specs.append({"name": v.name, "shape": shape, "dtype": dtype})
-    return specs
+def _value_specs(values) -> List[Dict[str, Any]]:
+    return [{"name": v.name, "shape": list(v.shape.dims) if v.shape is not None else None,
+             "dtype": np.dtype(v.dtype.numpy()).name if v.dtype is not None else None}
+            for v in values]
 
 
 class TvmEmitter(Emitter):
@@ -149,7 +146,7 @@ class TvmEmitter(Emitter):
                                ", ".join(gpu_only).replace("True", "true").replace("False", "false"))
             return
         if self.kernels == "triton":
-            self._kernel_library(target)  # raises when Triton or the CUDA runtime is missing
+            self._triton_usable(target)  # raises when Triton or the CUDA runtime is missing
         if check:
             from passctl.targets.tvm.runtime import device_available
 
@@ -158,22 +155,36 @@ class TvmEmitter(Emitter):
                                 f"run a '{target.name}' TVM artifact on; drop --check here and use "
                                 "`passctl run OUT` on the GPU machine")
 
-    def _kernel_library(self, target: TargetProfile):
-        """The :class:`TritonLibrary` for a CUDA build, or ``(None, reason)``."""
-        if not target.is_gpu or self.kernels == "tvm":
-            return None, "DLight schedules only (kernels='tvm')" if target.is_gpu else ""
+    def _triton_usable(self, target: TargetProfile) -> str:
+        """"" when Triton kernels can be built here for GPU ``target``, else why not (logged as a
+        warning for ``kernels="auto"``).
+
+        Raises:
+            UserError: ``kernels="triton"`` and they cannot.
+        """
         from passctl.targets.tvm import triton_dispatch
 
         ok, why = triton_dispatch.available()
-        if not ok:
-            if self.kernels == "triton":
-                raise UserError(f"target '{target.name}': Triton kernels were asked for, but {why}; "
-                                "build on a machine with a CUDA driver, or use kernels=auto "
-                                "(DLight kernels here)")
-            logger.warning("target %s: GEMMs and attention on TVM's DLight kernels: %s%s",
-                           target.name, why, f"; fp32_precision={self.fp32_precision} (a Triton "
-                           "option) is ignored" if self.fp32_precision != "ieee" else "")
+        if ok:
+            return ""
+        if self.kernels == "triton":
+            raise UserError(f"target '{target.name}': Triton kernels were asked for, but {why}; "
+                            "build on a machine with a CUDA driver, or use kernels=auto "
+                            "(DLight kernels here)")
+        logger.warning("target %s: GEMMs and attention on TVM's DLight kernels: %s%s",
+                       target.name, why, f"; fp32_precision={self.fp32_precision} (a Triton "
+                       "option) is ignored" if self.fp32_precision != "ieee" else "")
+        return why
+
+    def _kernel_library(self, target: TargetProfile):
+        """``(TritonLibrary, "")`` for a CUDA build with Triton kernels, else ``(None, why not)``."""
+        if not target.is_gpu or self.kernels == "tvm":
+            return None, "DLight schedules only (kernels='tvm')" if target.is_gpu else ""
+        why = self._triton_usable(target)
+        if why:
             return None, why
+        from passctl.targets.tvm import triton_dispatch
+
         tune = self.tune
         if tune is None:  # timing on another GPU than the target's would pick its tiles
             try:
