@@ -300,8 +300,9 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             tempfile.TemporaryDirectory(prefix="passctl-") as work:
         progress.update("loading the model")
         model, path = load_model(args.model)
-        out = os.path.abspath(args.out or default_out(path))
-        _check_output_path(args.out or default_out(path), path)
+        given_out = args.out or default_out(path)
+        _check_output_path(given_out, path)
+        out = os.path.abspath(given_out)
         _verify_input(model, path)
         hist_before, nodes_before = op_histogram(model), count_nodes(model.graph)
         reference = _reference_model(model, path, work)
