@@ -156,8 +156,8 @@ class TvmEmitter(Emitter):
                                 "`passctl run OUT` on the GPU machine")
 
     def _triton_usable(self, target: TargetProfile) -> str:
-        """"" when Triton kernels can be built here for GPU ``target``, else why not (logged as a
-        warning for ``kernels="auto"``).
+        """Why Triton kernels cannot be built here for GPU ``target`` (logged as a warning for
+        ``kernels="auto"``), or the empty string when they can.
 
         Raises:
             UserError: ``kernels="triton"`` and they cannot.
