@@ -159,15 +159,9 @@ def _schedule_func(func, target):
     reductions = [i for i in infos if not i.is_injective()]
     lanes = _lanes(target)
     if len(reductions) == 1:
-        red = reductions[0]
-        idx = [sch.get(b).name_hint for b in blocks].index(sch.get(red.block_rv).name_hint)
-        before = try_inline(sch, blocks[:idx])
-        epilogues = blocks[idx + 1:]
-        if any(b not in before for b in []):
-            pass
-        if _tile_reduction(sch, red.block_rv, lanes, epilogues):
-            return sch
-        return None
+        idx = infos.index(reductions[0])
+        try_inline(sch, blocks[:idx])  # injective producers (padding, transposes)
+        return sch if _tile_reduction(sch, blocks[idx], lanes, blocks[idx + 1:]) else None
     if not reductions:
         remaining = try_inline(sch, blocks[:-1]) + [blocks[-1]]
         for b in remaining:
@@ -194,7 +188,7 @@ def ScheduleCpuKernels(target):  # noqa: N802 (a TVM pass factory)
       3. Injective kernels: producers inlined; outer loops fused and parallel, the innermost loop
          vectorized.
     """
-    tvm = import_tvm()
+    import_tvm()
     from tvm.s_tir import dlight as dl
     from tvm.s_tir.dlight.base import ScheduleRule
 
