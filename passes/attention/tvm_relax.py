@@ -12,6 +12,21 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _nan_to_zero(bb, y, dtype: str):
+    """``where(isnan(y), 0, y)``: fully masked rows give 0 (the ``nan_to_zero`` attribute)."""
+    from tvm import relax
+
+    y = bb.normalize(y)
+    return relax.op.where(relax.op.isnan(y), relax.const(np.zeros((), dtype=dtype)), y)
+
+
+def _rank4(bias, rank: int):
+    """``bias`` with leading unit axes up to rank 4 (a mask broadcasts from the right)."""
+    from tvm import relax
+
+    return relax.op.expand_dims(bias, list(range(4 - rank))) if rank < 4 else bias
+
+
 def _flash_prefill(bb, q, k, v, heads: int, kv_heads: int, causal: bool, scale: float, target):
     """TVM's own flash-style prefill kernel (``tvm.relax.frontend.nn.llm``'s
     ``_attention_sequence_prefill``: tiled Q.K^T, online softmax in exp2, GQA by head groups,
@@ -52,19 +67,13 @@ def _decomposed(bb, q, k, v, mask, kind: str, attrs: Dict[str, Any], dtype: str)
                             relax.const(np.float32(-np.inf), "float32"))
         else:
             bias = op.astype(mask, "float32")
-        rank = len(mask.ty.shape)
-        if rank < 4:
-            bias = op.expand_dims(bias, list(range(4 - rank)))
-        scores = op.add(scores, bias)
+        scores = op.add(scores, _rank4(bias, len(mask.ty.shape)))
     elif int(attrs.get("is_causal", 0)):  # top-left causal: key j visible to query i when j <= i
         upper = np.triu(np.full((s, t), -np.inf, np.float32), k=1)
         scores = op.add(scores, relax.const(upper, "float32"))
     probs = op.astype(op.nn.softmax(scores, axis=-1), dtype)
     y = op.matmul(probs, v)
-    if int(attrs.get("nan_to_zero", 0)):
-        y = bb.normalize(y)
-        y = op.where(op.isnan(y), relax.const(np.zeros((), dtype=dtype)), y)
-    return y
+    return _nan_to_zero(bb, y, dtype) if int(attrs.get("nan_to_zero", 0)) else y
 
 
 def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=None, kernels=None):
@@ -135,9 +144,7 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=Non
                             relax.const(np.full((), -np.inf, dtype=dtype)))
         elif str(mask.ty.dtype) != dtype:
             bias = op.astype(bias, dtype)
-        rank = len(mask.ty.shape)
-        if rank < 4:
-            bias = op.expand_dims(bias, list(range(4 - rank)))
+        bias = _rank4(bias, len(mask.ty.shape))
         t = int(bb.normalize(k).ty.shape[2])  # k may be a repeat (GQA) here
         if int(mask.ty.shape[-1]) != t:  # nn.attention needs the bias's key axis materialized
             bias = bb.normalize(bias)
@@ -148,10 +155,7 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], target=Non
     y = op.nn.attention(op.permute_dims(q, bsnh), op.permute_dims(k, bsnh), op.permute_dims(v, bsnh),
                         bias, scale=float(attrs["scale"]), causal_mask=causal)
     y = op.permute_dims(y, bsnh)
-    if int(attrs.get("nan_to_zero", 0)):
-        y = bb.normalize(y)
-        y = op.where(op.isnan(y), relax.const(np.zeros((), dtype=dtype)), y)
-    return y
+    return _nan_to_zero(bb, y, dtype) if int(attrs.get("nan_to_zero", 0)) else y
 
 
 def converters(target=None, kernels=None) -> Dict[str, Any]:
