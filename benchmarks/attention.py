@@ -42,12 +42,13 @@ VARIANTS = ("unfused", "ort-transformers", "passctl flash-attn", "passctl fuse,f
 MODELS = {"minilm": ("minilm_legacy", 12, 384), "bert_base": ("bert_base", 12, 768)}
 
 
-def _model_path(model_id: str) -> str:
-    if model_id == "minilm":
-        from corpus import CORPUS
-        return CORPUS["minilm_legacy"].path
+def _model_path(source_id: str) -> str:
+    """The ONNX file of a tests/corpus.py model, else of a tests/zoo.py one (``MODELS``' first field)."""
+    from corpus import CORPUS
+    if source_id in CORPUS:
+        return CORPUS[source_id].path
     from zoo import ZOO
-    return ZOO[model_id].path
+    return ZOO[source_id].path
 
 
 def _prepare(variant: str, src: str, folder: Path, heads: int, hidden: int) -> Dict:
@@ -88,8 +89,8 @@ def _session(path: str, optimize: bool = True):
 
 def bench(model_id: str, seqs: List[int], runs: int, warmup: int) -> List[Dict]:
     from passctl.tools.check import compare, make_inputs
-    corpus_id, heads, hidden = MODELS[model_id]
-    src = _model_path(model_id)
+    source_id, heads, hidden = MODELS[model_id]
+    src = _model_path(source_id)
     rows = []
     with tempfile.TemporaryDirectory(prefix="passctl-attn-bench-") as tmp:
         infos = {v: _prepare(v, src, Path(tmp), heads, hidden) for v in VARIANTS}
