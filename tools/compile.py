@@ -423,10 +423,10 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     else:  # dims a pass fixed (lower-tvm{dims=...}) are the only ones the candidate runs with
         import onnx
 
+        from passctl.tools.inputs import graph_inputs
+
         header = onnx.load(candidate, load_external_data=False)
-        weights = {t.name for t in header.graph.initializer}
-        dims = dict(dims, **{f"{i.name}[{axis}]": int(d.dim_value) for i in header.graph.input
-                             if i.name not in weights
+        dims = dict(dims, **{f"{i.name}[{axis}]": int(d.dim_value) for i in graph_inputs(header)
                              for axis, d in enumerate(i.type.tensor_type.shape.dim)
                              if d.HasField("dim_value") and d.dim_value > 0})
     inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
