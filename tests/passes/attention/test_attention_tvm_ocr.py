@@ -20,6 +20,13 @@ from passctl.tools.check import compare, make_inputs, run_onnxruntime  # noqa: E
 OCR_DIMS = {"p2o.DynamicDimension.0": 1, "x[2]": 48, "p2o.DynamicDimension.1": 320}
 
 
+def fuse_stats(model, pipeline: str, *profile_target: str) -> dict:
+    """Run ``pipeline`` (``build_pipeline(pipeline, *profile_target)``) on ``model`` in place; the
+    fuse-attention statistics."""
+    result = PassManager(build_pipeline(pipeline, *profile_target)).run(model)
+    return next(r.stats for r in result.records if r.name == "fuse-attention")
+
+
 @pytest.mark.slow  # TVM compiles: 10-25 s each on this shared machine
 @pytest.mark.parametrize("name", ["llama_sdpa_dynamo", "bert_eager_legacy"])
 def test_tvm_emitter_runs_attention(name, tmp_path):
@@ -28,9 +35,7 @@ def test_tvm_emitter_runs_attention(name, tmp_path):
 
     path = export_path(name)
     model = load(path)
-    result = PassManager(build_pipeline('lower-tvm{dims="batch=1,sequence=16"},flash-attn', "cpu",
-                                        "tvm")).run(model)
-    fuse = [r.stats for r in result.records if r.name == "fuse-attention"][0]
+    fuse = fuse_stats(model, 'lower-tvm{dims="batch=1,sequence=16"},flash-attn', "cpu", "tvm")
     assert fuse["attention"] == (2 if name.startswith("llama") else 12)
     assert any(n.domain == "passctl" and n.op_type == "Attention" for n in model.graph)
     assert "Attention" in frontend.supported_passctl_ops()  # the emitter maps it (tvm_relax.py)
@@ -51,8 +56,7 @@ def test_ppocr_rec_svtr_attention(tmp_path):
     path = CORPUS["ppocr_rec"].path
     model = load(path)
     dims = ",".join(f"{k}={v}" for k, v in OCR_DIMS.items())
-    result = PassManager(build_pipeline(f'lower-tvm{{dims="{dims}"}},flash-attn')).run(model)
-    fuse = [r.stats for r in result.records if r.name == "fuse-attention"][0]
+    fuse = fuse_stats(model, f'lower-tvm{{dims="{dims}"}},flash-attn')
     # Two SVTR global-mixing blocks (packed QKV: Reshape [.., 3, H, D], Transpose (2,0,3,1,4),
     # Slice + Squeeze); the third Softmax is the CTC head's, which is not attention.
     assert fuse["attention"] == 2 and fuse["unfused_softmax"] == 1
@@ -68,8 +72,7 @@ def test_ppocr_rec_svtr_attention(tmp_path):
 
 def test_ppocr_rec_with_dynamic_width_says_why():
     model = load(CORPUS["ppocr_rec"].path)
-    result = PassManager(build_pipeline("flash-attn")).run(model)
-    fuse = [r.stats for r in result.records if r.name == "fuse-attention"][0]
+    fuse = fuse_stats(model, "flash-attn")
     assert fuse["attention"] == 0
     # infer-shapes now types the dynamic-width Reshapes (their rank), so the guard gets as far as
     # the head split and names the unknown dims (was: "rank of Softmax's input is unknown")
