@@ -1,4 +1,4 @@
-"""Helpers shared by the CLI tests: file digests and a small Conv+BN model."""
+"""Helpers shared by the CLI tests: file digests, a small Conv+BN model, unused initializers."""
 
 from __future__ import annotations
 
@@ -39,3 +39,21 @@ def conv_bn_proto() -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def _used_names(graph: onnx.GraphProto) -> set:
+    """Every value name a node of ``graph`` or of its subgraphs reads, and the graph outputs."""
+    used = {o.name for o in graph.output}
+    for node in graph.node:
+        used.update(node.input)
+        for attr in node.attribute:
+            for sub in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
+                used |= _used_names(sub)
+    return used
+
+
+def unused_initializers(path) -> list:
+    """Names of the initializers of the ONNX model at ``path`` that nothing reads (weights not loaded)."""
+    proto = onnx.load(str(path), load_external_data=False)
+    used = _used_names(proto.graph)
+    return [t.name for t in proto.graph.initializer if t.name not in used]

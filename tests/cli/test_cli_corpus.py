@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from cli_helpers import sha256  # tests/cli/cli_helpers.py
+from cli_helpers import sha256, unused_initializers  # tests/cli/cli_helpers.py
 
 PIPELINE = "cleanup,fuse-conv-bn"
 RTOL = 1e-5
@@ -70,21 +69,8 @@ def test_corpus_model_compiles_and_matches_original(corpus_model, cli, tmp_path)
     assert [(i["name"], tuple(i["shape"]), i["dtype"]) for i in report["check"]["inputs"]] == [
         (k, v.shape, str(v.dtype)) for k, v in inputs.items()]
     assert report["pipeline"]["passes"][-2:] == ["fuse-conv-bn", "dce"]  # compile's final dce
-    proto = onnx.load(str(out / "model.onnx"), load_external_data=False)
-    used = _used_names(proto.graph)
-    assert [t.name for t in proto.graph.initializer if t.name not in used] == []
+    assert unused_initializers(out / "model.onnx") == []
     assert sum(report["op_histogram"]["after"].values()) == report["nodes"]["after"]
-
-
-def _used_names(graph) -> set:
-    """Every value name a node of ``graph`` or of its subgraphs reads, and the graph outputs."""
-    used = {o.name for o in graph.output}
-    for node in graph.node:
-        used.update(node.input)
-        for attr in node.attribute:
-            for sub in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
-                used |= _used_names(sub)
-    return used
 
 
 def _folded(report):

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import json
 
-import onnx
-
-
-def _unused_initializers(path) -> list:
-    proto = onnx.load(str(path))
-    used = {i for n in proto.graph.node for i in n.input} | {o.name for o in proto.graph.output}
-    return [t.name for t in proto.graph.initializer if t.name not in used]
+from cli_helpers import unused_initializers
 
 
 def test_fuse_after_cleanup_leaves_no_unused_initializers(cli, conv_bn_model, tmp_path):
     out = tmp_path / "out"
     r = cli(conv_bn_model, "--pipeline", "cleanup,fuse-conv-bn", "-o", out, "-q", "--check")
     assert r.rc == 0, r.err
-    assert _unused_initializers(out / "model.onnx") == []
+    assert unused_initializers(out / "model.onnx") == []
     report = json.loads((out / "report.json").read_text())
     names = [p["name"] for p in report["passes"]]
     assert names[-2:] == ["fuse-conv-bn", "dce"]
