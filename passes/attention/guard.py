@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 from passctl.ir import Node, Value
 from passctl.passes.attention.causal import mask_is_causal
 from passctl.passes.attention.layout import (BHSD, Operand, dims, key_operand, rank, same_dim,
-                                             value_operand)
+                                             unnamed, value_operand)
 from passctl.passes.rewrite import MatchResult, constant_value
 
 SCALE_RTOL = 1e-3
@@ -196,7 +196,7 @@ def _mask_broadcast(mask: Value, scores: List[list], softmax: Node) -> str:
         alternatives = [s[-i] for s in scores if len(s) >= i]
         if m == 1 or any(same_dim(m, s) for s in alternatives):
             continue
-        if _unnamed(m) or any(_unnamed(s) for s in alternatives):
+        if unnamed(m) or any(unnamed(s) for s in alternatives):
             # NOTE: an unnamed dim (the legacy exporter's shapes) cannot be compared; the mask is then
             # accepted when every comparable dim agrees, as MatMul/Add would fail at run time on a
             # size mismatch other than a size-1 broadcast of the scores themselves.
@@ -206,13 +206,9 @@ def _mask_broadcast(mask: Value, scores: List[list], softmax: Node) -> str:
     return ""
 
 
-def _unnamed(t) -> bool:
-    return isinstance(t, tuple) and t[0] == "dim"
-
-
 def _differ(a, b) -> bool:
     """Provably different sizes (both static or named, and not equal)."""
-    return not same_dim(a, b) and not _unnamed(a) and not _unnamed(b)
+    return not same_dim(a, b) and not unnamed(a) and not unnamed(b)
 
 
 def _fmt(tokens) -> str:

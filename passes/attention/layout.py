@@ -47,11 +47,16 @@ def same_dim(a: Token, b: Token) -> bool:
     return a == b
 
 
+def unnamed(t: Token) -> bool:
+    """Whether ``t`` is a value's own unnamed dim (``("dim", id, axis)``), which compares equal only
+    to itself and so proves nothing about sizes."""
+    return isinstance(t, tuple) and t[0] == "dim"
+
+
 def _maybe_same(a: Token, b: Token) -> bool:
     """Equal, or not provably different (one side an unnamed dim): a head-split Reshape keeps the
     leading dims in order, and only their sizes could tell a swap apart."""
-    unknown = (isinstance(a, tuple) and a[0] == "dim") or (isinstance(b, tuple) and b[0] == "dim")
-    return same_dim(a, b) or unknown or a == 0
+    return same_dim(a, b) or unnamed(a) or unnamed(b) or a == 0
 
 
 def shape_tokens(v: Optional[Value], depth: int = 0) -> Optional[List[Token]]:
@@ -398,6 +403,6 @@ def _with_gqa(op: Operand) -> Operand:
     return Operand(src[0], None, src[1], op.how + f", repeat_kv x{src[1]}")
 
 
-__all__ = ["BHSD", "Operand", "Token", "dim_token", "dims", "gqa_source", "head_split_roles", "heads", "key_operand", "rank",
-           "reshape_target", "roles", "same_dim", "shape_tokens", "transposed_chain_source",
-           "value_operand"]
+__all__ = ["BHSD", "Operand", "Token", "dim_token", "dims", "gqa_source", "head_split_roles", "heads",
+           "key_operand", "rank", "reshape_target", "roles", "same_dim", "shape_tokens",
+           "transposed_chain_source", "unnamed", "value_operand"]
