@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from graphs import attention_model, feeds  # noqa: E402
+from graphs import attention_model, feeds, fp16_cast_attention  # noqa: E402
 
 from passctl.ir import from_onnx, to_onnx  # noqa: E402
 from passctl.passes.manager import PassManager  # noqa: E402
@@ -147,8 +147,6 @@ def test_k_bthd_permutation_0231_is_the_correct_transpose():
 
 
 def test_fp32_casts_around_softmax():
-    from graphs import fp16_cast_attention
-
     proto = fp16_cast_attention()
     stats, out = run(proto, "infer-shapes,fuse-attention,lower-standard,dce")
     fuse = stats["fuse-attention"]
@@ -162,8 +160,6 @@ def test_fp32_casts_around_softmax():
 
 
 def test_fp16_attention_through_multi_head_attention():
-    from graphs import fp16_cast_attention
-
     proto = fp16_cast_attention()
     _, out = run(proto, "flash-attn")
     assert "com.microsoft::MultiHeadAttention" in ops(out) and "Softmax" not in ops(out)
