@@ -48,7 +48,8 @@ def repeat_kv(ctx: LowerContext, x: Value, n_rep: int, heads: int, head_size: Op
         return x
     e = ctx.b.op("Expand", _unsqueeze(ctx, x, [2]), _i64(ctx, [1, 1, n_rep, 1, 1], "attn_rep"))
     if head_size is None:
-        head_size = dims(x)[3] if dims(x) is not None and isinstance(dims(x)[3], int) else None
+        d = dims(x)
+        head_size = d[3] if d is not None and isinstance(d[3], int) else None
     if head_size is not None:
         return ctx.b.op("Reshape", e, _i64(ctx, [0, heads, -1, head_size], "attn_rep_shape"))
     shape = ctx.b.op("Shape", x)
