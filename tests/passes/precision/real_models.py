@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from corpus import REPO_ROOT, package_file
+from passctl.tools.check import cpu_session
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 WINDOW = 256
@@ -49,13 +50,9 @@ def minilm_feeds(texts: List[str], batch: int = 50) -> List[Dict[str, np.ndarray
 
 
 def session(model, optimize: bool = False) -> ort.InferenceSession:
-    """A CPU session of a path or ModelProto (graph optimizations off unless ``optimize``)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    options.log_severity_level = 3
-    data = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    """A CPU session (:func:`passctl.tools.check.cpu_session`) of a path or ModelProto (graph
+    optimizations off unless ``optimize``)."""
+    return cpu_session(model if isinstance(model, str) else model.SerializeToString(), optimize=optimize)
 
 
 def mean_pooled(model, feeds: List[Dict[str, np.ndarray]]) -> np.ndarray:
