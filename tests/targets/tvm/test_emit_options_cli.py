@@ -1,13 +1,12 @@
 """``--emit 'tvm{...}'`` options and the TVM emitter's early refusals, through the CLI (no GPU here)."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tvm_helpers import run_cli
 
 from passctl.ir.errors import UserError
 from passctl.targets import get_emitter
@@ -20,11 +19,6 @@ def _model(path):
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-
-
-def _passctl(*args):
-    return subprocess.run([sys.executable, "-m", "passctl.tools.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_emit_options_are_typed():
@@ -56,10 +50,10 @@ def test_cli_refuses_before_the_pipeline(tmp_path):
     """kernels=triton for the CPU and --check of an h200 artifact on a machine without a GPU are
     refused before any pass runs (exit 2, one line, nothing written)."""
     _model(tmp_path / "m.onnx")
-    r = _passctl(tmp_path / "m.onnx", "-t", "cpu", "--emit", "tvm{kernels=triton}", "-o", tmp_path / "a")
+    r = run_cli(tmp_path / "m.onnx", "-t", "cpu", "--emit", "tvm{kernels=triton}", "-o", tmp_path / "a")
     assert r.returncode == 2 and "kernels=triton is for GPU targets" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "a").exists()
-    r = _passctl(tmp_path / "m.onnx", "-t", "h200", "--emit", "tvm", "--check", "-o", tmp_path / "b")
+    r = run_cli(tmp_path / "m.onnx", "-t", "h200", "--emit", "tvm", "--check", "-o", tmp_path / "b")
     assert r.returncode == 2 and "no CUDA device" in r.stderr and "passctl run OUT" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
 
@@ -68,13 +62,13 @@ def test_gpu_artifact_without_a_device_is_a_user_error(tmp_path):
     """An h200 artifact cross-compiled here: `passctl run` says it needs a CUDA device (exit 2,
     one line) instead of TVM's 'loader of that name is not registered' traceback."""
     _model(tmp_path / "m.onnx")
-    r = _passctl(tmp_path / "m.onnx", "-t", "h200", "--emit", "tvm{cuda_graph=false}", "-q",
+    r = run_cli(tmp_path / "m.onnx", "-t", "h200", "--emit", "tvm{cuda_graph=false}", "-q",
                  "-o", tmp_path / "a")
     assert r.returncode == 0, r.stderr
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["device"] == "cuda" and manifest["cuda_graph"] is False
     assert manifest["fp32_precision"] == "ieee" and manifest["kernels"] == "tvm"
-    r = _passctl("run", tmp_path / "a")
+    r = run_cli("run", tmp_path / "a")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "a cuda artifact (target h200, sm_90) needs cuda device 0" in lines[0]
@@ -82,7 +76,7 @@ def test_gpu_artifact_without_a_device_is_a_user_error(tmp_path):
 
 def test_gpu_only_options_for_cpu_are_warnings(tmp_path):
     _model(tmp_path / "m.onnx")
-    r = _passctl(tmp_path / "m.onnx", "-t", "cpu", "--emit",
+    r = run_cli(tmp_path / "m.onnx", "-t", "cpu", "--emit",
                  "tvm{fp32_precision=tf32,cuda_graph=false,tensorize=true}", "-o", tmp_path / "a")
     assert r.returncode == 0, r.stderr
     assert "fp32_precision=tf32 applies to Triton kernels on GPU targets; ignored" in r.stderr
@@ -139,7 +133,7 @@ def test_failed_check_under_python_m_is_a_check_failure_not_an_internal_error(tm
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    r = _passctl(tmp_path / "m.onnx", "--emit", "tvm", "--check", "--rtol", "1e-12", "--atol", "0",
+    r = run_cli(tmp_path / "m.onnx", "--emit", "tvm", "--check", "--rtol", "1e-12", "--atol", "0",
                  "-o", tmp_path / "a", "--reproducer-dir", tmp_path / "crash")
     assert r.returncode == 3
     assert r.stderr.startswith("passctl: numeric check failed: output y"), r.stderr
@@ -154,7 +148,7 @@ def test_check_of_an_onnxruntime_artifact_uses_the_dims_lower_tvm_fixed(tmp_path
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])], [w])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    r = _passctl(tmp_path / "m.onnx", "-p", 'lower-tvm{dims="batch=1,seq=8"}', "--emit", "onnxruntime",
+    r = run_cli(tmp_path / "m.onnx", "-p", 'lower-tvm{dims="batch=1,seq=8"}', "--emit", "onnxruntime",
                  "--check", "-o", tmp_path / "a")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "a" / "report.json").read_text())

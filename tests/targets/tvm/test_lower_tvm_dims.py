@@ -1,15 +1,11 @@
 """lower-tvm dims: unknown names and '?' refused, input[axis] for unnamed dims, static axes checked."""
 
-import importlib.util
-import os
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from tvm_helpers import rel_err, run_ort, run_tvm
+from corpus import corpus_path
+from tvm_helpers import rel_err, run_cli, run_ort, run_tvm
 
 from passctl.ir import from_onnx
 from passctl.ir.errors import UserError
@@ -89,19 +85,12 @@ def test_unnamed_dims_get_their_own_sizes(tmp_path):
     assert check_static_inputs(model) == {"x": ((2, 3, 5, 4), "float32")}
 
 
-def _cls_model_path() -> str:
-    folder = os.path.dirname(importlib.util.find_spec("rapidocr_onnxruntime").origin)
-    return os.path.join(folder, "models", "ch_ppocr_mobile_v2.0_cls_infer.onnx")
-
-
 @pytest.mark.slow  # ~12 s: TVM build of PP-OCR's direction classifier
 def test_ppocr_cls_with_unnamed_dims_compiles_end_to_end(tmp_path):
-    path = _cls_model_path()
+    path = corpus_path("ppocr_cls")
     out = tmp_path / "cls.tvm"
-    r = subprocess.run([sys.executable, "-m", "passctl.tools.cli", path, "--pipeline",
-                        'cleanup,fuse,lower-tvm{dims="x[0]=1,x[2]=48,x[3]=192"}', "--target",
-                        "cpu", "--emit", "tvm", "-o", str(out), "-q"],
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli(path, "--pipeline", 'cleanup,fuse,lower-tvm{dims="x[0]=1,x[2]=48,x[3]=192"}',
+                "--target", "cpu", "--emit", "tvm", "-o", out, "-q", timeout=120)
     assert r.returncode == 0, r.stderr
     x = np.random.default_rng(3).uniform(-1, 1, (1, 3, 48, 192)).astype(np.float32)
     want = run_ort(onnx.load(path), {"x": x})["save_infer_model/scale_0.tmp_1"]

@@ -1,12 +1,9 @@
 """``passctl run ARTIFACT`` on an ONNX Runtime and a TVM artifact: outputs, summaries, latency."""
 
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import pytest
-from tvm_helpers import rel_err, run_ort
+from tvm_helpers import rel_err, run_cli, run_ort
 from onnx import TensorProto, helper, numpy_helper
 
 RNG = np.random.default_rng(5)
@@ -24,18 +21,13 @@ def _model(path):
     return proto
 
 
-def _passctl(*args):
-    return subprocess.run([sys.executable, "-m", "passctl.tools.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
     proto = _model(tmp / "m.onnx")
-    r = _passctl(tmp / "m.onnx", "-o", tmp / "ort", "-q")
+    r = run_cli(tmp / "m.onnx", "-o", tmp / "ort", "-q")
     assert r.returncode == 0, r.stderr
-    r = _passctl(tmp / "m.onnx", "-p", 'cleanup,lower-tvm{dims="batch=3"}', "--emit", "tvm",
+    r = run_cli(tmp / "m.onnx", "-p", 'cleanup,lower-tvm{dims="batch=3"}', "--emit", "tvm",
                  "-o", tmp / "tvm", "-q")
     assert r.returncode == 0, r.stderr
     x = RNG.uniform(-1, 1, (3, 24)).astype(np.float32)
@@ -47,7 +39,7 @@ def artifacts(tmp_path_factory):
 def test_run_given_inputs(artifacts, kind):
     tmp, proto, x = artifacts
     out = tmp / f"out_{kind}.npz"
-    r = _passctl("run", tmp / kind, "--inputs", tmp / "in.npz", "--runs", 3,
+    r = run_cli("run", tmp / kind, "--inputs", tmp / "in.npz", "--runs", 3,
                  "--save-outputs", out)
     assert r.returncode == 0, r.stderr
     label = "onnxruntime" if kind == "ort" else "tvm"
@@ -62,8 +54,8 @@ def test_run_given_inputs(artifacts, kind):
 
 def test_run_seeded_inputs_agree_across_artifacts(artifacts):
     tmp, _, _ = artifacts
-    a = _passctl("run", tmp / "ort", "--dim", "batch=3", "--runs", 1, "--save-outputs", tmp / "a.npz")
-    b = _passctl("run", tmp / "tvm", "--runs", 1, "--save-outputs", tmp / "b.npz")
+    a = run_cli("run", tmp / "ort", "--dim", "batch=3", "--runs", 1, "--save-outputs", tmp / "a.npz")
+    b = run_cli("run", tmp / "tvm", "--runs", 1, "--save-outputs", tmp / "b.npz")
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     with np.load(tmp / "a.npz") as da, np.load(tmp / "b.npz") as db:
         assert rel_err(db["y"], da["y"]) < 1e-5  # same seed, same make_inputs rules
@@ -71,11 +63,11 @@ def test_run_seeded_inputs_agree_across_artifacts(artifacts):
 
 def test_run_errors_are_one_line(artifacts, tmp_path):
     tmp, _, _ = artifacts
-    r = _passctl("run", tmp_path)
+    r = run_cli("run", tmp_path)
     assert r.returncode == 2 and "neither session.json" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     np.savez(tmp_path / "bad.npz", x=np.zeros((2, 24), np.float32))
-    r = _passctl("run", tmp / "tvm", "--inputs", tmp_path / "bad.npz")
+    r = run_cli("run", tmp / "tvm", "--inputs", tmp_path / "bad.npz")
     assert r.returncode == 2 and "does not fit graph input 'x' (float32 [3, 24])" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
@@ -86,7 +78,7 @@ def test_compile_check_runs_the_tvm_artifact(artifacts, tmp_path):
 
     tmp, _, _ = artifacts
     out = tmp_path / "checked"
-    r = _passctl(tmp / "m.onnx", "-p", 'cleanup,lower-tvm{dims="batch=3"}', "--emit", "tvm",
+    r = run_cli(tmp / "m.onnx", "-p", 'cleanup,lower-tvm{dims="batch=3"}', "--emit", "tvm",
                  "--check", "-o", out, "-q")
     assert r.returncode == 0, r.stderr
     check = json.loads((out / "report.json").read_text())["check"]

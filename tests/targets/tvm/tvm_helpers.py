@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Dict
 
 import numpy as np
@@ -33,6 +35,13 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     """max |a - b| / max |b| (the relative error of passctl's --check)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+
+
+def run_cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m passctl.tools.cli ARGS`` in a child process (arguments str()-ed), output captured
+    as text."""
+    return subprocess.run([sys.executable, "-m", "passctl.tools.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def ir(proto: onnx.ModelProto) -> Model:
