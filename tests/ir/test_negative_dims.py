@@ -1,12 +1,12 @@
 """A negative ONNX dim_value (Paddle2ONNX's -1) is an unknown dim; the verifier flags negative IR dims."""
 
-import importlib.util
 import os
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from corpus import package_file
 from passctl.ir import Shape, TensorType, from_onnx, print_model, to_onnx
 from passctl.ir.verifier import TYPE, verify
 from passctl.tools.check import run_onnxruntime
@@ -41,8 +41,7 @@ def test_negative_dim_value_imports_as_unknown_and_exports_unset(tmp_path):
 
 
 def test_shipped_paddle_cls_model_input_is_unknown_not_minus_one():
-    folder = os.path.dirname(importlib.util.find_spec("rapidocr_onnxruntime").origin)
-    path = os.path.join(folder, "models", "ch_ppocr_mobile_v2.0_cls_infer.onnx")
+    path = package_file("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx")
     proto = onnx.load(path, load_external_data=False)
     assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_value == -1  # as shipped
     model = from_onnx(proto, os.path.dirname(path))
