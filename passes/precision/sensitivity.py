@@ -74,14 +74,13 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     from passctl.tools.check import cpu_session
 
     weights = sum(v.const.nbytes for v in model.graph.initializers.values() if v.const is not None)
-    with tempfile.TemporaryDirectory(prefix="passctl-amp-") as folder:
-        if weights < EMBED_LIMIT:
-            data = to_onnx(model).SerializeToString()
-        else:  # protobuf's 2 GB limit: weights in an external data file next to a temporary model
-            data = os.path.join(folder, "model.onnx")
-            save(model, data, external_data=True)
-        session = cpu_session(data, threads=threads)
-        del data
+    if weights < EMBED_LIMIT:
+        session = cpu_session(to_onnx(model).SerializeToString(), threads=threads)
+    else:  # protobuf's 2 GB limit: weights in an external data file next to a temporary model
+        with tempfile.TemporaryDirectory(prefix="passctl-amp-") as folder:
+            path = os.path.join(folder, "model.onnx")
+            save(model, path, external_data=True)
+            session = cpu_session(path, threads=threads)
     names = list(outputs) if outputs is not None else [o.name for o in session.get_outputs()]
     wanted = [i.name for i in session.get_inputs()]
     return [dict(zip(names, session.run(names, {n: f[n] for n in wanted}))) for f in feeds]
