@@ -9,12 +9,10 @@ from pathlib import Path
 from typing import Callable, Dict, Tuple
 
 from corpus import REPO_ROOT, cached_export
+from corpus_export import NOISE_STD, _offline_torch
 
 RECIPE = 1
 """Bump when a recipe below changes, so old cached exports are not reused."""
-
-NOISE_STD = 0.02
-"""Noise added to every parameter so no norm weight is exactly 1 and no bias exactly 0 (docs/facts.md)."""
 
 TEXT_SEQ = 16
 
@@ -26,15 +24,8 @@ def cache_dir() -> Path:
     return base / "attention" / f"{key}-a{RECIPE}"
 
 
-def _torch():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-
-    return torch
-
-
 def _noise(module, seed: int = 0):
-    torch = _torch()
+    torch, _ = _offline_torch()
     torch.manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
@@ -43,7 +34,7 @@ def _noise(module, seed: int = 0):
 
 
 def _export(module, args, path: Path, names, outputs, dynamo: bool, axes) -> None:
-    torch = _torch()
+    torch, _ = _offline_torch()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if dynamo:
@@ -62,7 +53,7 @@ def _export(module, args, path: Path, names, outputs, dynamo: bool, axes) -> Non
 
 def _text_model(kind: str, impl: str):
     """A small-config transformers model and its forward wrapper returning one tensor."""
-    torch = _torch()
+    torch, _ = _offline_torch()
     import transformers as tf
 
     torch.manual_seed(0)
@@ -111,7 +102,7 @@ def export_text(kind: str, impl: str, dynamo: bool, path: Path) -> None:
 def export_vit(fused_attn: bool, dynamo: bool, path: Path) -> None:
     """timm ``vit_tiny_patch16_224`` (random weights plus noise), input float32 [1, 3, 224, 224];
     ``fused_attn`` picks timm's F.scaled_dot_product_attention path or its ``q * scale @ k^T`` form."""
-    torch = _torch()
+    torch, _ = _offline_torch()
     import timm
     import timm.layers
 
