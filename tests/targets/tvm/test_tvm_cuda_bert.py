@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 
@@ -23,37 +22,25 @@ BATCH, SEQ = 2, 16
 
 
 def _export_bert(path, fp16: bool) -> None:
-    """transformers BERT, 2 layers, hidden 64, 4 heads, static [2, 16] inputs (legacy exporter)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import BertConfig, BertModel
+    """transformers BERT, 2 layers, hidden 64, 4 heads, eager attention, random weights plus
+    :func:`zoo_export.add_noise`, static [2, 16] inputs (the zoo's wrapper, legacy exporter)."""
+    from corpus_export import BERT_INPUTS, _bert_wrapper, _offline_torch
+    from zoo_export import add_noise
 
+    torch, transformers = _offline_torch()
     torch.manual_seed(0)
-    cfg = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=128, vocab_size=100, max_position_embeddings=64)
+    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, vocab_size=100, max_position_embeddings=64)
     cfg._attn_implementation = "eager"
-    model = BertModel(cfg, add_pooling_layer=False).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+    model = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    add_noise(model)
     model = model.half() if fp16 else model
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.bert = model
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                             token_type_ids=token_type_ids).last_hidden_state
-
     args = (torch.randint(0, 100, (BATCH, SEQ)), torch.ones(BATCH, SEQ, dtype=torch.int64),
             torch.zeros(BATCH, SEQ, dtype=torch.int64))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(Wrapper().eval(), args, str(path), dynamo=False, opset_version=17,
-                          input_names=["input_ids", "attention_mask", "token_type_ids"],
-                          output_names=["last_hidden_state"])
+        torch.onnx.export(_bert_wrapper(model), args, str(path), dynamo=False, opset_version=17,
+                          input_names=list(BERT_INPUTS), output_names=["last_hidden_state"])
 
 
 @pytest.mark.parametrize("dtype,pipeline", [("fp32", "cleanup,fuse"),
@@ -67,7 +54,7 @@ def test_bert_cuda_source_compiles_for_sm90(dtype, pipeline):
     from passctl.targets.tvm.emit import _translate
     from passctl.targets.tvm.support import tvm_target
 
-    path = cached_export(f"tvm-cuda-bert-{dtype}-r1", lambda p: _export_bert(p, dtype == "fp16"))
+    path = cached_export(f"tvm-cuda-bert-{dtype}-r2", lambda p: _export_bert(p, dtype == "fp16"))
     raw = onnx.load(path)
     assert any("/" in t.name for t in raw.graph.initializer) or any(
         "/" in o for n in raw.graph.node for o in n.output)  # the names that broke nvcc
