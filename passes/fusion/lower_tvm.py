@@ -33,17 +33,17 @@ def parse_dims(text: str) -> Dict[str, int]:
     """
     dims: Dict[str, int] = {}
     for item in filter(None, (s.strip() for s in text.replace(";", ",").split(","))):
-        name, sep, size = item.partition("=")
-        if not sep or not name.strip() or not size.strip().isdigit() or int(size) <= 0:
+        name, sep, size = (part.strip() for part in item.partition("="))
+        if not sep or not name or not size.isdigit() or int(size) <= 0:
             raise UserError(f"lower-tvm: dims item '{item}' is not NAME=SIZE with a positive "
                             "integer size, e.g. dims=\"batch=1,sequence=128\"")
-        if name.strip() in UNNAMED_DIM_PARAMS:
-            raise UserError(f"lower-tvm: dims item '{item}': '{name.strip()}' marks unnamed dims, "
+        if name in UNNAMED_DIM_PARAMS:
+            raise UserError(f"lower-tvm: dims item '{item}': '{name}' marks unnamed dims, "
                             "not one dim; give each as INPUT[AXIS]=SIZE, e.g. dims=\"x[2]=48\"")
-        if name.strip() in dims:
-            raise UserError(f"lower-tvm: dims name '{name.strip()}' is given twice "
-                            f"({dims[name.strip()]} and {int(size)}); give each dim once")
-        dims[name.strip()] = int(size)
+        if name in dims:
+            raise UserError(f"lower-tvm: dims name '{name}' is given twice "
+                            f"({dims[name]} and {int(size)}); give each dim once")
+        dims[name] = int(size)
     return dims
 
 
