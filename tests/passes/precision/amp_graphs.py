@@ -21,6 +21,16 @@ def run_amp(proto: onnx.ModelProto, pipeline: str, target: str = "cpu"):
     return to_onnx(model), next(r.stats for r in result.records if r.name == "mixed-precision")
 
 
+def elem_types(proto: onnx.ModelProto, strict: bool = False) -> dict:
+    """Value name -> ONNX element type (``TensorProto.FLOAT16``...) of every value of ``proto``'s main
+    graph: ONNX shape inference's (``strict``: it raises on an error) and the initializers'."""
+    inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=strict)
+    types = {v.name: v.type.tensor_type.elem_type for v in
+             list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
+    types.update({i.name: i.data_type for i in proto.graph.initializer})
+    return types
+
+
 def _with_initializers(text: str, arrays: dict) -> onnx.ModelProto:
     model = onnx.parser.parse_model(text)
     for name, arr in arrays.items():

@@ -11,6 +11,7 @@ from typing import Dict, List
 import numpy as np
 import onnxruntime as ort
 
+from amp_graphs import elem_types
 from corpus import REPO_ROOT, package_file
 from passctl.tools.check import cpu_session
 
@@ -112,10 +113,7 @@ def cast_ping_pongs(model) -> int:
     """Cast pairs ``Cast(Cast(x, to=float), to=type(x))`` with x fp16/bf16 (an identity) in ``model``."""
     import onnx
 
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type for v in
-             list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
-    types.update({i.name: i.data_type for i in model.graph.initializer})
+    types = elem_types(model)
     producer = {o: n for n in model.graph.node for o in n.output}
     low = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     count = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from amp_graphs import layernorm_model, run_amp
+from amp_graphs import elem_types, layernorm_model, run_amp
 from passctl.ir import from_onnx
 from passctl.ir.errors import UserError
 from passctl.passes.manager import PassManager
@@ -47,10 +47,7 @@ def test_gpu_targets_get_the_typed_graph(target, dtype, elem):
     proto, stats = run_amp(layernorm_model(), f"amp{{dtype={dtype},budget=5e-2,samples=1}}", target)
     assert stats["target"]["target"] == target and stats["emulated"] is False
     assert stats["emulated_nodes"] == 0
-    inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True)
-    types = {v.name: v.type.tensor_type.elem_type for v in
-             list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)}
-    types.update({i.name: i.data_type for i in proto.graph.initializer})
+    types = elem_types(proto, strict=True)
     matmul = next(n for n in proto.graph.node if n.op_type == "MatMul")
     assert [types[i] for i in matmul.input] == [elem, elem] and types[matmul.output[0]] == elem
     assert not any(n.name.startswith("amp_emulate") for n in proto.graph.node)
