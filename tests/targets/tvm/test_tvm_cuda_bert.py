@@ -10,7 +10,7 @@ import onnx
 import pytest
 from corpus import cached_export
 from onnx import TensorProto, helper
-from tvm_helpers import emit_tvm, rel_err, run_tvm
+from tvm_helpers import attention_numpy, attention_proto, emit_tvm, rel_err, run_tvm
 
 from passctl.ir import from_onnx, load
 from passctl.passes.manager import PassManager
@@ -96,23 +96,6 @@ def test_safe_value_names_renames_every_use():
     assert graph.input[0].name == "x" and graph.output[0].name == "y"
 
 
-def _attention_model(mask_kind: str, causal: int, h: int, hkv: int, s: int, d: int):
-    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT16, [1, h, s, d]),
-              helper.make_tensor_value_info("k", TensorProto.FLOAT16, [1, hkv, s, d]),
-              helper.make_tensor_value_info("v", TensorProto.FLOAT16, [1, hkv, s, d])]
-    names = ["q", "k", "v"]
-    if mask_kind == "additive":
-        inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT16, [1, 1, s, s]))
-        names.append("m")
-    node = helper.make_node("Attention", names, ["y"], domain="passctl", name="attn", scale=0.25,
-                            mask_kind=mask_kind, is_causal=causal, num_heads=h, kv_num_heads=hkv,
-                            softmax_precision=0, nan_to_zero=0)
-    graph = helper.make_graph([node], "g", inputs,
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, h, s, d])])
-    return from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                             helper.make_opsetid("passctl", 1)]))
-
-
 @pytest.mark.parametrize("mask_kind,causal", [("additive", 0), ("none", 1)])
 def test_fp16_attention_matches_numpy(tmp_path, mask_kind, causal):
     """fp16 passctl::Attention (decomposed with float32 scores) on llvm vs numpy in float64."""
@@ -126,12 +109,9 @@ def test_fp16_attention_matches_numpy(tmp_path, mask_kind, causal):
         bias = feeds["m"][0, 0].astype(np.float64)
     else:
         bias = np.triu(np.full((s, s), -np.inf), 1)
-    emit_tvm(_attention_model(mask_kind, causal, h, hkv, s, d), tmp_path / "a", self_check=False)
+    proto = attention_proto(TensorProto.FLOAT16, h, hkv, s, d, mask_kind, causal)
+    emit_tvm(from_onnx(proto), tmp_path / "a", self_check=False)
     got = run_tvm(tmp_path / "a", feeds)["y"]
     assert got.dtype == np.float16
-    q, k, v = (feeds[n].astype(np.float64) for n in "qkv")
-    k, v = np.repeat(k, h // hkv, axis=1), np.repeat(v, h // hkv, axis=1)
-    scores = 0.25 * q @ k.transpose(0, 1, 3, 2) + bias
-    p = np.exp(scores - scores.max(-1, keepdims=True))
-    want = (p / p.sum(-1, keepdims=True)) @ v
+    want = attention_numpy(feeds["q"], feeds["k"], feeds["v"], 0.25, bias)
     assert rel_err(got, want) < 3e-3

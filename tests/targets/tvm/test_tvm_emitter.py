@@ -6,7 +6,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from tvm_helpers import emit_tvm, ir, rel_err, run_ort, run_tvm
+from tvm_helpers import attention_numpy, attention_proto, emit_tvm, ir, rel_err, run_ort, run_tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from passctl.ir.errors import UserError
@@ -202,24 +202,12 @@ def test_gpu_target_without_cuda_compiler_says_what_is_missing(tmp_path, monkeyp
 def test_passctl_attention_gqa_causal_matches_numpy(tmp_path):
     """passctl::Attention (passes/attention/tvm_relax.py's converter, merged into the emitter's
     table): H=4 query heads on 2 KV heads, causal, against softmax(scale Q.K^T + causal) V."""
-    b, h, hkv, s, d = 1, 4, 2, 8, 16
-    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, [b, h, s, d]),
-              helper.make_tensor_value_info("k", TensorProto.FLOAT, [b, hkv, s, d]),
-              helper.make_tensor_value_info("v", TensorProto.FLOAT, [b, hkv, s, d])]
-    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], domain="passctl", name="attn",
-                            scale=0.25, mask_kind="none", is_causal=1, num_heads=h, kv_num_heads=hkv,
-                            softmax_precision=0, nan_to_zero=0)
-    graph = helper.make_graph([node], "g", inputs,
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, h, s, d])])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("passctl", 1)])
+    h, hkv, s, d = 4, 2, 8, 16
+    proto = attention_proto(TensorProto.FLOAT, h, hkv, s, d, causal=1)
     emit_tvm(from_onnx_unchecked(proto), tmp_path / "a", self_check=False)
-    q = RNG.standard_normal((b, h, s, d)).astype(np.float32)
-    k = RNG.standard_normal((b, hkv, s, d)).astype(np.float32)
-    v = RNG.standard_normal((b, hkv, s, d)).astype(np.float32)
+    q = RNG.standard_normal((1, h, s, d)).astype(np.float32)
+    k = RNG.standard_normal((1, hkv, s, d)).astype(np.float32)
+    v = RNG.standard_normal((1, hkv, s, d)).astype(np.float32)
     got = run_tvm(tmp_path / "a", {"q": q, "k": k, "v": v})["y"]
-    kr, vr = np.repeat(k, h // hkv, axis=1), np.repeat(v, h // hkv, axis=1)
-    scores = 0.25 * q @ kr.transpose(0, 1, 3, 2) + np.triu(np.full((s, s), -np.inf), 1)
-    p = np.exp(scores - scores.max(-1, keepdims=True))
-    want = (p / p.sum(-1, keepdims=True)) @ vr
+    want = attention_numpy(q, k, v, 0.25, np.triu(np.full((s, s), -np.inf), 1))
     assert rel_err(got, want) < 1e-5
