@@ -128,28 +128,31 @@ def _option_text(field: dataclasses.Field) -> str:
     return f"{field.name}: {typ} = {default}" + (f"  ({help_text})" if help_text else "")
 
 
+def _table(*columns: str):
+    """A borderless rich table with a bold header of ``columns``, as the list-* subcommands print."""
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for col in columns:
+        table.add_column(col)
+    return table
+
+
 def list_passes(plugin_files: Sequence[str], console) -> None:
     """Print every registered pass (name, summary, options) and the pass groups."""
-    from rich.table import Table
+    from rich.markup import escape
 
     from passctl.passes.registry import expand_alias, list_aliases
     from passctl.passes.registry import list_passes as registered
 
     load_plugins(plugin_files)
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    table.add_column("pass")
-    table.add_column("summary")
-    table.add_column("options")
-    from rich.markup import escape
-
+    table = _table("pass", "summary", "options")
     for cls in registered():
         options = "\n".join(_option_text(f) for f in cls.option_fields()) or "-"
         # escaped: rich would take "[bool]" in "Optional[bool]" for a markup tag and drop it
         table.add_row(escape(cls.name), escape(cls.summary), escape(options))
     console.print(table)
-    groups = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    groups.add_column("group")
-    groups.add_column("passes (target cpu)")
+    groups = _table("group", "passes (target cpu)")
     for alias in list_aliases():
         try:
             passes = ", ".join(expand_alias(alias, "cpu"))
@@ -161,16 +164,12 @@ def list_passes(plugin_files: Sequence[str], console) -> None:
 
 def list_rules(plugin_files: Sequence[str], console) -> None:
     """Print every registered rewrite rule: name, summary and pattern (for ``passctl explain``)."""
-    from rich.table import Table
-
     from rich.markup import escape
 
     from passctl.passes.rewrite.ruleset import list_rules as registered
 
     load_plugins(plugin_files)
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for col in ("rule", "summary", "pattern"):
-        table.add_column(col)
+    table = _table("rule", "summary", "pattern")
     for cls in registered():
         try:
             pattern = cls().describe_pattern()
@@ -182,13 +181,9 @@ def list_rules(plugin_files: Sequence[str], console) -> None:
 
 def list_targets(console) -> None:
     """Print the target profiles as a table."""
-    from rich.table import Table
-
     from passctl.targets.profiles import list_targets as profiles
 
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for col in ("target", "compute capability", "memory", "fast dtypes", "emitter", "description"):
-        table.add_column(col)
+    table = _table("target", "compute capability", "memory", "fast dtypes", "emitter", "description")
     for t in profiles():
         memory = f"{t.memory_bytes / 1e9:.0f} GB" if t.memory_bytes else "host"
         table.add_row(t.name, t.sm or "-", memory, ", ".join(t.fast_dtypes) or "-",
