@@ -174,11 +174,7 @@ def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse", **emitter):
     triton = art.manifest.get("triton") or {}
     for spec in triton.get("specializations", []):
         print(f"  triton kernel: {spec['what']}: {spec['config']}", file=sys.stderr)
-    args = art._args(feeds)
-
-    def call():
-        return art.vm["main"](*args)
-
+    call = art.bind(feeds)
     result = art.run(feeds)
     return call, art.device.sync, next(iter(result.values())), compile_s
 

@@ -126,12 +126,7 @@ def run_passctl_tvm(path: str, dims: Dict[str, int], feeds) -> Tuple[Callable, n
     TvmEmitter(self_check=False).emit(model, get_target("cpu"), folder)
     art = load_artifact(folder)
     build = time.perf_counter() - start
-    args = art._args(feeds)
-
-    def call():
-        return art.vm["main"](*args)
-
-    return call, next(iter(art.run(feeds).values())), build
+    return art.bind(feeds), next(iter(art.run(feeds).values())), build
 
 
 def cleaned(path: str, dims: Dict[str, int]) -> str:

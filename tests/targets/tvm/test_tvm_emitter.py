@@ -27,6 +27,21 @@ def _conv_model(n=1) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def test_bound_call_matches_run(tmp_path):
+    """TvmArtifact.bind (the benchmarks' timing call) computes what run does, and checks inputs."""
+    from passctl.targets.tvm import load_artifact
+
+    proto = _conv_model()
+    emit_tvm(ir(proto), tmp_path / "a", self_check=False)
+    art = load_artifact(str(tmp_path / "a"))
+    x = RNG.uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)
+    out = art.bind({"x": x})()
+    got = (out if hasattr(out, "numpy") else out[0]).numpy()
+    assert rel_err(got, run_ort(proto, {"x": x})["y"]) < 1e-5
+    with pytest.raises(ValueError, match=r"input 'x' has shape \[1, 3, 8, 8\]"):
+        art.bind({"x": x[:, :, :8, :8]})
+
+
 def test_artifact_files_manifest_and_outputs(tmp_path):
     proto = _conv_model()
     info = emit_tvm(ir(proto), tmp_path / "a")
