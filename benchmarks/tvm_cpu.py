@@ -110,6 +110,12 @@ def run_tvm_default(path: str, feeds) -> Tuple[Callable, np.ndarray, float]:
     return call, out.numpy(), build
 
 
+def lower_tvm(dims: Dict[str, int]) -> str:
+    """The ``lower-tvm`` pipeline step fixing the symbolic ``dims`` (``{name or input[axis]: size}``)."""
+    text = ",".join(f"{k}={v}" for k, v in dims.items())
+    return f'lower-tvm{{dims="{text}"}}' if dims else "lower-tvm"
+
+
 def run_passctl_tvm(path: str, dims: Dict[str, int], feeds) -> Tuple[Callable, np.ndarray, float]:
     from passctl.ir import load
     from passctl.passes.manager import PassManager
@@ -119,9 +125,7 @@ def run_passctl_tvm(path: str, dims: Dict[str, int], feeds) -> Tuple[Callable, n
 
     start = time.perf_counter()
     model = load(path)
-    dims_text = ",".join(f"{k}={v}" for k, v in dims.items())
-    text = "cleanup,fuse," + (f'lower-tvm{{dims="{dims_text}"}}' if dims else "lower-tvm")
-    PassManager(build_pipeline(text, "cpu", "tvm")).run(model)
+    PassManager(build_pipeline("cleanup,fuse," + lower_tvm(dims), "cpu", "tvm")).run(model)
     folder = os.path.join(tempfile.mkdtemp(prefix="tvm-cpu-"), "artifact")
     TvmEmitter(self_check=False).emit(model, get_target("cpu"), folder)
     art = load_artifact(folder)
@@ -137,9 +141,7 @@ def cleaned(path: str, dims: Dict[str, int]) -> str:
     from passctl.passes.pipeline_text import build_pipeline
 
     model = load(path)
-    dims_text = ",".join(f"{k}={v}" for k, v in dims.items())
-    text = f'cleanup,lower-tvm{{dims="{dims_text}"}}'
-    PassManager(build_pipeline(text, "cpu", "tvm")).run(model)
+    PassManager(build_pipeline("cleanup," + lower_tvm(dims), "cpu", "tvm")).run(model)
     out = os.path.join(tempfile.mkdtemp(prefix="tvm-cpu-"), "cleaned.onnx")
     save(model, out)
     return out
