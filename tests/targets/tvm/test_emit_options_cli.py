@@ -63,7 +63,7 @@ def test_gpu_artifact_without_a_device_is_a_user_error(tmp_path):
     one line) instead of TVM's 'loader of that name is not registered' traceback."""
     _model(tmp_path / "m.onnx")
     r = run_cli(tmp_path / "m.onnx", "-t", "h200", "--emit", "tvm{cuda_graph=false}", "-q",
-                 "-o", tmp_path / "a")
+                "-o", tmp_path / "a")
     assert r.returncode == 0, r.stderr
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["device"] == "cuda" and manifest["cuda_graph"] is False
@@ -77,7 +77,7 @@ def test_gpu_artifact_without_a_device_is_a_user_error(tmp_path):
 def test_gpu_only_options_for_cpu_are_warnings(tmp_path):
     _model(tmp_path / "m.onnx")
     r = run_cli(tmp_path / "m.onnx", "-t", "cpu", "--emit",
-                 "tvm{fp32_precision=tf32,cuda_graph=false,tensorize=true}", "-o", tmp_path / "a")
+                "tvm{fp32_precision=tf32,cuda_graph=false,tensorize=true}", "-o", tmp_path / "a")
     assert r.returncode == 0, r.stderr
     assert "fp32_precision=tf32 applies to Triton kernels on GPU targets; ignored" in r.stderr
     assert "tensorize=true, cuda_graph=false only apply to GPU targets; ignored" in r.stderr
@@ -134,7 +134,7 @@ def test_failed_check_under_python_m_is_a_check_failure_not_an_internal_error(tm
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
     r = run_cli(tmp_path / "m.onnx", "--emit", "tvm", "--check", "--rtol", "1e-12", "--atol", "0",
-                 "-o", tmp_path / "a", "--reproducer-dir", tmp_path / "crash")
+                "-o", tmp_path / "a", "--reproducer-dir", tmp_path / "crash")
     assert r.returncode == 3
     assert r.stderr.startswith("passctl: numeric check failed: output y"), r.stderr
     assert "internal error" not in r.stderr and not (tmp_path / "a").exists()
@@ -149,7 +149,7 @@ def test_check_of_an_onnxruntime_artifact_uses_the_dims_lower_tvm_fixed(tmp_path
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])], [w])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
     r = run_cli(tmp_path / "m.onnx", "-p", 'lower-tvm{dims="batch=1,seq=8"}', "--emit", "onnxruntime",
-                 "--check", "-o", tmp_path / "a")
+                "--check", "-o", tmp_path / "a")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert report["check"]["ok"] is True

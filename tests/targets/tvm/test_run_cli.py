@@ -28,7 +28,7 @@ def artifacts(tmp_path_factory):
     r = run_cli(tmp / "m.onnx", "-o", tmp / "ort", "-q")
     assert r.returncode == 0, r.stderr
     r = run_cli(tmp / "m.onnx", "-p", 'cleanup,lower-tvm{dims="batch=3"}', "--emit", "tvm",
-                 "-o", tmp / "tvm", "-q")
+                "-o", tmp / "tvm", "-q")
     assert r.returncode == 0, r.stderr
     x = RNG.uniform(-1, 1, (3, 24)).astype(np.float32)
     np.savez(tmp / "in.npz", x=x)
@@ -40,7 +40,7 @@ def test_run_given_inputs(artifacts, kind):
     tmp, proto, x = artifacts
     out = tmp / f"out_{kind}.npz"
     r = run_cli("run", tmp / kind, "--inputs", tmp / "in.npz", "--runs", 3,
-                 "--save-outputs", out)
+                "--save-outputs", out)
     assert r.returncode == 0, r.stderr
     label = "onnxruntime" if kind == "ort" else "tvm"
     assert f"{label} artifact" in r.stdout
@@ -79,7 +79,7 @@ def test_compile_check_runs_the_tvm_artifact(artifacts, tmp_path):
     tmp, _, _ = artifacts
     out = tmp_path / "checked"
     r = run_cli(tmp / "m.onnx", "-p", 'cleanup,lower-tvm{dims="batch=3"}', "--emit", "tvm",
-                 "--check", "-o", out, "-q")
+                "--check", "-o", out, "-q")
     assert r.returncode == 0, r.stderr
     check = json.loads((out / "report.json").read_text())["check"]
     assert check["ok"] is True
