@@ -65,9 +65,9 @@ class TvmArtifact:
         self.manifest = read_manifest(folder)
         kind = self.manifest["device"]
         if not device_available(kind, device_id):
-            profile = self.manifest.get("profile", {}).get("name", kind)
-            raise UserError(f"{folder}: a {kind} artifact (target {profile}, "
-                            f"{self.manifest.get('profile', {}).get('compute_capability', '')}) "
+            profile = self.manifest.get("profile", {})
+            raise UserError(f"{folder}: a {kind} artifact (target {profile.get('name', kind)}, "
+                            f"{profile.get('compute_capability', '')}) "
                             f"needs {kind} device {device_id}, which this machine does not have "
                             "(no CUDA driver or GPU); run it on the machine it was built for")
         self.device = rt.device(kind, device_id)
