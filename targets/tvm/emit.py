@@ -34,14 +34,14 @@ class TvmTranslationError(UserError):
     """TVM's frontend failed on a node the pre-build check accepted (one line, names the node)."""
 
 
-def _translate(model: Model, source: str, target=None, kernels=None):
+def _translate(model: Model, source: str, kernels=None):
     """:func:`passctl.targets.tvm.frontend.to_relax` with frontend failures as one-line errors."""
     from passctl.targets.tvm import frontend
 
     quiet = io.StringIO()  # the frontend prints "Error converting operator ..." itself
     try:
         with contextlib.redirect_stdout(quiet):
-            return frontend.to_relax(model, source, target, kernels)
+            return frontend.to_relax(model, source, kernels)
     except UserError:
         raise
     except frontend.NodeConversionError as e:
@@ -214,7 +214,7 @@ class TvmEmitter(Emitter):
         tvm = import_tvm()
         t0 = time.perf_counter()
         library, no_library = self._kernel_library(target)
-        mod, params = _translate(model, source, tgt, library)
+        mod, params = _translate(model, source, library)
         gemms, gpu_transform = 0, None
         if library is not None:
             from passctl.targets.tvm.build import pack_gpu_weights

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
@@ -25,10 +25,10 @@ _PREFIX = "passctl::"
 _DIRECT = {"If", "Constant"}
 
 
-def _converter_table(target=None, kernels=None) -> Dict[str, Callable]:
+def _converter_table(kernels=None) -> Dict[str, Callable]:
     """passctl op type -> ``fn(bb, inputs, attrs) -> relax.Expr`` (math: passes/fusion/canonical.py;
-    ``Attention``: passes/attention/tvm_relax.py, which picks its kernel by ``target`` and
-    ``kernels``, a :class:`passctl.targets.tvm.triton_dispatch.TritonLibrary` or None)."""
+    ``Attention``: passes/attention/tvm_relax.py, which uses the Triton kernel with ``kernels``, a
+    :class:`passctl.targets.tvm.triton_dispatch.TritonLibrary`, else TVM's ops)."""
     import_tvm()
     from tvm import relax
 
@@ -84,7 +84,7 @@ def _converter_table(target=None, kernels=None) -> Dict[str, Callable]:
     except ImportError:  # the attention package is optional here
         logger.debug("passctl::Attention converter not available")
     else:
-        table.update(attention_converters(target, kernels))
+        table.update(attention_converters(kernels))
     return table
 
 
@@ -211,15 +211,15 @@ def _constants_as_nodes(graph) -> None:
     graph.node.extend(moved + nodes)
 
 
-def to_relax(model: Model, source: str = "model", target=None, kernels=None):
+def to_relax(model: Model, source: str = "model", kernels=None):
     """Translate ``model`` (static input shapes) to a Relax IRModule with weights as parameters.
 
     Route: ``passctl.ir.to_onnx`` -> TVM 0.27's Relax ONNX frontend (``keep_params_in_input``),
     with passctl-domain ops converted by :func:`_converter_table` (nn.layer_norm, nn.rms_norm,
     nn.gelu / gelu_tanh, nn.silu, HardSwish as x * clip(x / 6 + 1/2, 0, 1), Attention through
-    passes/attention/tvm_relax.py for ``target``, the ``tvm.target.Target`` being built for, with
-    ``kernels`` (a :class:`passctl.targets.tvm.triton_dispatch.TritonLibrary`) for CUDA builds
-    that embed Triton kernels).
+    passes/attention/tvm_relax.py, with ``kernels`` (a
+    :class:`passctl.targets.tvm.triton_dispatch.TritonLibrary`) for CUDA builds that embed Triton
+    kernels).
 
     Returns:
         ``(mod, params)``: the IRModule whose ``main`` takes the graph inputs then the weights, and
@@ -245,7 +245,7 @@ def to_relax(model: Model, source: str = "model", target=None, kernels=None):
         if node.domain == PASSCTL_DOMAIN:
             node.op_type = _PREFIX + node.op_type
             node.domain = ""
-    table = _converter_table(target, kernels)
+    table = _converter_table(kernels)
 
     class _Importer(ONNXGraphImporter):
         def _check_for_unsupported_ops(self, graph):  # done on the IR, with provenance

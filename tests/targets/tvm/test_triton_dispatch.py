@@ -175,7 +175,7 @@ def _launcher_args(mod, name: str):
 def test_dispatch_gemms_takes_the_epilogue(kind, h200):
     labels, pointers = GEMM_CASES[kind]
     lib = TritonLibrary((9, 0), 132)
-    mod, _ = to_relax(from_onnx(_gemm_model(kind)), kind, h200, lib)
+    mod, _ = to_relax(from_onnx(_gemm_model(kind)), kind, kernels=lib)
     mod, count = dispatch_gemms(mod, lib)
     assert count == len(labels)
     assert [e["what"] for e in lib.log] == labels
@@ -211,7 +211,7 @@ def test_dispatch_gemms_takes_the_epilogue(kind, h200):
 
 def test_dispatch_gemms_float16_epilogue(h200):
     lib = TritonLibrary((9, 0), 132)
-    mod, _ = to_relax(from_onnx(_gemm_model("bias_relu_residual", "float16")), "g", h200, lib)
+    mod, _ = to_relax(from_onnx(_gemm_model("bias_relu_residual", "float16")), "g", kernels=lib)
     mod, count = dispatch_gemms(mod, lib)
     assert count == 1 and [e["what"] for e in lib.log] == ["gemm 16x24x32 float16 +bias relu +residual"]
     args, text = _launcher_args(mod, lib.log[0]["kernel"])
@@ -236,7 +236,7 @@ def test_attention_runs_the_triton_kernel(h200):
     ]
     for (model, _, _), label, n_inputs in cases:
         lib = TritonLibrary((9, 0), 132)
-        mod, _ = to_relax(from_onnx(model), "g", h200, lib)
+        mod, _ = to_relax(from_onnx(model), "g", kernels=lib)
         assert [e["what"] for e in lib.log] == [label]
         main = mod["main"].script()
         assert "R.permute_dims" not in main and "R.nn.attention" not in main
@@ -262,7 +262,7 @@ def test_attention_mask_broadcast_over_keys_falls_back(h200):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("passctl", 1)])
     lib = TritonLibrary((9, 0), 132)
-    mod, _ = to_relax(from_onnx(model), "g", h200, lib)
+    mod, _ = to_relax(from_onnx(model), "g", kernels=lib)
     main = mod["main"].script()
     assert lib.log == [] and "R.nn.softmax" in main and "R.call_tir" not in main
 
@@ -304,12 +304,12 @@ def test_nothing_fits_shared_memory_falls_back_to_tvm_kernels(h200, monkeypatch)
     lib.max_shared = -1  # no kernel fits
     with pytest.raises(ValueError, match=r"no tile configuration fits the -1 bytes .* sm_90"):
         gemm_kernel_for(lib, GemmSpec(1, 64, 64, 32, "float32"))
-    mod, _ = to_relax(from_onnx(_gemm_model("bias_gelu")), "g", h200, lib)
+    mod, _ = to_relax(from_onnx(_gemm_model("bias_gelu")), "g", kernels=lib)
     mod, count = dispatch_gemms(mod, lib)
     main = mod["main"].script()
     assert count == 0 and "R.matmul(" in main and "R.nn.gelu(" in main and "R.call_tir" not in main
     model, _, _ = _check_script().attention_graph("float32", "additive", False, h=2, hkv=2, s=24,
                                                   t=24, d=32)
-    mod, _ = to_relax(from_onnx(model), "g", h200, lib)
+    mod, _ = to_relax(from_onnx(model), "g", kernels=lib)
     assert "R.nn.attention_bias(" in mod["main"].script()  # TVM's nn.attention with a mask
     assert lib.log == [] and lib.kernels == {}

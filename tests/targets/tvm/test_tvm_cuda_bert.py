@@ -63,7 +63,7 @@ def test_bert_cuda_source_compiles_for_sm90(dtype, pipeline):
     if "flash-attn" in pipeline:
         assert any(n.op_type == "Attention" for n in model.graph.all_nodes())
     target = tvm_target(get_target("h200"))
-    mod, _ = _translate(model, "bert", target)
+    mod, _ = _translate(model, "bert")
     executable, _ = compile_module(mod, target, tensorize=False)
     source = cuda_source(executable)
     assert "__global__" in source

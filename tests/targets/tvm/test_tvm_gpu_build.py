@@ -45,7 +45,7 @@ def test_pack_gpu_weights_matches_onnxruntime_on_cpu():
 
     proto = _three_projections()
     target = tvm_target(get_target("cpu"))
-    mod, params = to_relax(from_onnx(proto), "qkv", target)
+    mod, params = to_relax(from_onnx(proto), "qkv")
     assert mod["main"].script().count("R.matmul(") == 3 and len(params) == 6
     mod, transform = pack_gpu_weights(mod, target)
     main = mod["main"].script()
@@ -69,7 +69,7 @@ def test_packed_weights_dispatch_one_triton_gemm():
 
     target = tvm_target(get_target("h200"))
     lib = TritonLibrary((9, 0), 132)
-    mod, _ = to_relax(from_onnx(_three_projections()), "qkv", target, lib)
+    mod, _ = to_relax(from_onnx(_three_projections()), "qkv", kernels=lib)
     mod, transform = pack_gpu_weights(mod, target)
     mod, count = dispatch_gemms(mod, lib)
     assert transform == "main_transform_params" and count == 1
