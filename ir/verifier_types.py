@@ -94,11 +94,32 @@ def _prepare(proto: onnx.ModelProto) -> None:
             entry.key, entry.value = "location", "passctl-stripped-weights"
 
 
+def _symbolic_shape_inference():
+    """ONNX Runtime's ``SymbolicShapeInference`` class, loaded from its file: importing it as
+    ``onnxruntime.tools.symbolic_shape_infer`` runs ``onnxruntime/tools/__init__.py``, which imports
+    torch (about 5 s of a 10 s ``passctl verify``; the module itself needs only onnx, numpy and
+    sympy). Cached after the first load."""
+    global _SYMBOLIC
+    if _SYMBOLIC is None:
+        import importlib.util
+
+        import onnxruntime
+
+        path = os.path.join(os.path.dirname(onnxruntime.__file__), "tools", "symbolic_shape_infer.py")
+        spec = importlib.util.spec_from_file_location("passctl_ort_symbolic_shape_infer", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _SYMBOLIC = module.SymbolicShapeInference
+    return _SYMBOLIC
+
+
+_SYMBOLIC = None
+
+
 def _infer_model(proto: onnx.ModelProto, symbolic: bool) -> Optional[onnx.ModelProto]:
     try:
         if symbolic:
-            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
+            SymbolicShapeInference = _symbolic_shape_inference()
             copy = onnx.ModelProto()
             copy.CopyFrom(proto)
             # NOTE: on incomplete inference ORT saves "sym_shape_infer_temp.onnx" (+ a data file) into
