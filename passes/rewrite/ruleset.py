@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Type, Union
 
@@ -54,12 +55,28 @@ def get_rule(name: str) -> Type[RewriteRule]:
     raise UserError(f"unknown rewrite rule '{name}'; {hint}")
 
 
+def natural_key(name: str) -> tuple:
+    """Sort key putting names in natural order: runs of digits compare as numbers, so
+    ``attention-2`` sorts before ``attention-10`` (plain string order puts it after).
+
+    Args:
+        name: any string, e.g. a rule name.
+
+    Returns:
+        ``(parts, name)``: ``parts`` alternates text and int (text at even positions, so any two
+        keys compare str with str and int with int); ``name`` breaks ties between names that
+        differ only in leading zeros (``a01``, ``a1``).
+    """
+    parts = re.split(r"(\d+)", name)
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
+
+
 def list_rules() -> List[Type[RewriteRule]]:
-    """All registered rule classes, sorted by name."""
+    """All registered rule classes, by name in natural order (:func:`natural_key`)."""
     from passctl.passes.registry import _ensure_loaded
 
     _ensure_loaded()
-    return [_RULES[n] for n in sorted(_RULES)]
+    return [_RULES[n] for n in sorted(_RULES, key=natural_key)]
 
 
 @dataclass

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 from passctl.passes.rewrite.pattern import AttrVar
-from passctl.passes.rewrite.ruleset import list_rules
+from passctl.passes.rewrite import ruleset
+from passctl.passes.rewrite.ruleset import get_rule, list_rules
 
 
 def test_attrvar_repr_is_readable():
@@ -37,3 +40,28 @@ def test_list_rules_lists_every_rule_with_its_pattern(cli):
     rows = {line.split()[0] for line in r.out.splitlines()[1:] if line.strip()}
     assert {cls.name for cls in list_rules()} <= rows
     assert "Add(Conv(%x, %w" in r.out
+
+
+def _zero_padded(name):
+    """Natural order computed another way: every digit run left-padded to 20 digits, then plain
+    string order (a check independent of ruleset.natural_key)."""
+    return re.sub(r"\d+", lambda m: m.group(0).zfill(20), name), name
+
+
+def test_list_rules_is_in_natural_order(cli, monkeypatch):
+    """attention-2-... is listed before attention-10-... (plain string order put it after)."""
+    silu = get_rule("silu")
+    for n in (10, 2):  # registered in the "wrong" order on purpose
+        monkeypatch.setitem(ruleset._RULES, f"zz-order-check-{n}",
+                            type(f"OrderCheck{n}", (silu,), {"name": f"zz-order-check-{n}"}))
+    r = cli("list-rules")
+    assert r.rc == 0, r.err
+    # a rule's row starts at column 0; wrapped summary / pattern lines start with spaces
+    names = [line.split()[0] for line in r.out.splitlines()[1:] if line[:1].strip()]
+    assert set(names) == set(ruleset._RULES)
+    assert names == sorted(names, key=_zero_padded)
+    assert names.index("zz-order-check-2") < names.index("zz-order-check-10")
+    # the built-in attention rules: number 2 before number 10 (both exist)
+    first = {int(m.group(1)): i for i, n in enumerate(names) if (m := re.match(r"attention-(\d+)-", n))}
+    assert 2 in first and 10 in first and first[2] < first[10]
+    assert [n for n in sorted(first, key=first.get)] == sorted(first)
