@@ -161,8 +161,9 @@ def get_emitter(name: str) -> Emitter:
 
     Raises:
         UserError: unknown name (closest names suggested), an emitter that is not implemented in
-            this version (``tensorrt``), an unknown option (the known ones listed) or a value of
-            the wrong type.
+            this version (``tensorrt``), an unknown option (the known ones listed), a value of
+            the wrong type or an unterminated quote. A quoted value may hold commas
+            (``tvm{key="a,b"}``): options are split on commas outside quotes, as in pipeline text.
     """
     import inspect
     import typing
@@ -188,7 +189,11 @@ def get_emitter(name: str) -> Emitter:
     hints = typing.get_type_hints(cls.__init__)
     known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     options: Dict[str, Any] = {}
-    for item in filter(None, (x.strip() for x in rest[:-1].split(","))):
+    try:
+        items = split_outside_quotes(rest[:-1])
+    except ValueError as e:
+        raise UserError(f"--emit '{text}': {e}") from None
+    for item in filter(None, (x.strip() for x in items)):
         key, eq, raw = (x.strip() for x in item.partition("="))
         if key not in known:
             raise UserError(f"--emit '{text}': unknown {base} emitter option '{key}'; "
@@ -211,3 +216,35 @@ def get_emitter(name: str) -> Emitter:
         return cls(**options)
     except UserError as e:
         raise UserError(f"--emit '{text}': {e}") from None
+
+
+def split_outside_quotes(body: str, sep: str = ",") -> List[str]:
+    """Split ``body`` on ``sep`` where it is not inside single or double quotes (the rule pipeline
+    text uses for option values such as ``lower-tvm{dims="a=1,b=2"}``). Quotes are kept in the
+    parts; a quote opens at a ``'`` or ``"`` and closes at the next same character.
+
+    Args:
+        body: the text between the braces, e.g. ``kernels=tvm,key="a,b"``.
+        sep: the one-character separator.
+
+    Returns:
+        The parts, unstripped (``'a,"b,c"'`` -> ``['a', '"b,c"']``; ``''`` -> ``['']``).
+
+    Raises:
+        ValueError: a quote is not closed; the message names the quote and where it opens.
+    """
+    parts: List[str] = []
+    start, quote, opened = 0, "", 0
+    for i, ch in enumerate(body):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote, opened = ch, i
+        elif ch == sep:
+            parts.append(body[start:i])
+            start = i + 1
+    if quote:
+        raise ValueError(f"unterminated {quote}-quoted value at {body[opened:]!r}; close it with {quote}")
+    parts.append(body[start:])
+    return parts

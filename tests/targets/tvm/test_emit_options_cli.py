@@ -39,11 +39,34 @@ def test_emit_options_are_typed():
     ("tvm{kernels=cublas}", r"^--emit 'tvm\{kernels=cublas\}': TVM emitter kernels='cublas': use "
                             r"'auto', 'triton' or 'tvm'$"),
     ("tvm{fp32_precision=fp64}", r"fp32_precision='fp64': use 'ieee', 'tf32' or 'tf32x3'"),
+    ('tvm{kernels="tvm,triton}', r"""^--emit 'tvm\{kernels="tvm,triton\}': unterminated "-quoted """),
+    ("tvm{cuda_graph=false, kernels='tvm}", r"^--emit 'tvm\{cuda_graph=false, kernels='tvm\}': "
+                                           r"unterminated '-quoted value"),
 ])
 def test_bad_emit_options_are_one_line_errors(text, message):
     with pytest.raises(UserError, match=message) as info:
         get_emitter(text)
     assert "\n" not in str(info.value)
+
+
+def test_emit_quoted_value_keeps_its_commas():
+    """A comma inside quotes belongs to the value (it used to split the option in two): the
+    emitter sees the whole kernels value, and the options around it are still parsed."""
+    for text in ('tvm{cuda_graph=false, kernels="tvm,triton", tune=true}',
+                 "tvm{cuda_graph=false,kernels='tvm,triton',tune=true}"):
+        with pytest.raises(UserError, match=r"TVM emitter kernels='tvm,triton': use 'auto'"):
+            get_emitter(text)
+    emitter = get_emitter("tvm{fp32_precision='tf32',cuda_graph=false}")  # unchanged without commas
+    assert (emitter.fp32_precision, emitter.cuda_graph, emitter.kernels) == ("tf32", False, "auto")
+
+
+def test_split_outside_quotes():
+    from passctl.targets.base import split_outside_quotes
+
+    assert split_outside_quotes("""a=1,b="x,y",c='p,"q',d""") == ["a=1", 'b="x,y"', """c='p,"q'""", "d"]
+    assert split_outside_quotes("a,,b") == ["a", "", "b"] and split_outside_quotes("") == [""]
+    with pytest.raises(ValueError, match="unterminated '-quoted value"):
+        split_outside_quotes("a='b,c")
 
 
 def test_cli_refuses_before_the_pipeline(tmp_path):
