@@ -32,8 +32,6 @@ class Emitter:
     """
 
     name: str = ""
-    #: True for emitters that exist by name only; :func:`get_emitter` refuses them.
-    implemented: bool = True
 
     def preflight(self, target: TargetProfile, check: bool = False) -> None:
         """Refuse, before any pass runs, a request this emitter cannot fulfil for ``target`` on
@@ -70,20 +68,6 @@ class Emitter:
             if finalize is not None:
                 finalize(staging, info)
         return info
-
-
-class _NotImplementedEmitter(Emitter):
-    implemented = False
-
-    def __init__(self, name: str, label: str):
-        self.name, self.label = name, label
-
-    def error(self) -> UserError:
-        return UserError(f"the {self.label} emitter is not implemented in this version; use "
-                         "--emit onnxruntime")
-
-    def write(self, model, target, folder):
-        raise self.error()
 
 
 @contextlib.contextmanager
@@ -140,17 +124,18 @@ def _chmod_default(folder: str) -> None:
 
 def _registry() -> Dict[str, Emitter]:
     from passctl.targets.onnxruntime.emit import OnnxRuntimeEmitter
+    from passctl.targets.tensorrt.emit import TensorRTEmitter
     from passctl.targets.tvm.emit import TvmEmitter
 
     return {
         "onnxruntime": OnnxRuntimeEmitter(),
         "tvm": TvmEmitter(),
-        "tensorrt": _NotImplementedEmitter("tensorrt", "TensorRT"),
+        "tensorrt": TensorRTEmitter(),
     }
 
 
 def emitter_names() -> List[str]:
-    """Names accepted by ``--emit`` (including those not implemented yet)."""
+    """Names accepted by ``--emit``."""
     return list(_registry())
 
 
@@ -160,9 +145,8 @@ def get_emitter(name: str) -> Emitter:
     emitter class's constructor arguments, converted to their annotated types).
 
     Raises:
-        UserError: unknown name (closest names suggested), an emitter that is not implemented in
-            this version (``tensorrt``), an unknown option (the known ones listed), a value of
-            the wrong type or an unterminated quote. A quoted value may hold commas
+        UserError: unknown name (closest names suggested), an unknown option (the known ones
+            listed), a value of the wrong type or an unterminated quote. A quoted value may hold commas
             (``tvm{key="a,b"}``): options are split on commas outside quotes, as in pipeline text.
     """
     import inspect
@@ -178,8 +162,6 @@ def get_emitter(name: str) -> Emitter:
         close = difflib.get_close_matches(base.lower(), list(reg), n=2, cutoff=0.4)
         hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
         raise UserError(f"unknown emitter '{base}': {hint}known emitters: {', '.join(reg)}")
-    if not emitter.implemented:
-        raise emitter.error()
     if not brace:
         return emitter
     if not rest.endswith("}") or rest.count("{") or rest.count("}") != 1:

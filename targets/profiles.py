@@ -29,8 +29,8 @@ class TargetProfile:
             subset of :data:`FAST_DTYPES` (NVIDIA architecture whitepapers: Turing adds fp16/int8
             tensor cores, Ampere adds tf32/bf16, Ada and Hopper add fp8). Empty for the CPU:
             passctl claims nothing about the host's instruction set.
-        default_emitter: the emitter used without ``--emit`` (``"onnxruntime"`` until the TVM and
-            TensorRT emitters exist).
+        default_emitter: the emitter used without ``--emit`` (``"onnxruntime"`` for every
+            profile: its artifacts run everywhere; ``tvm`` / ``tensorrt`` are asked for).
         ort_providers: ONNX Runtime execution providers in priority order, CPU last as fallback.
         ort_optional_providers: providers the artifact may use when the runtime has them (the
             TensorRT execution provider on GPUs); listed in ``session.json`` but not enabled.

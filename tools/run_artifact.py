@@ -1,4 +1,4 @@
-"""``passctl run ARTIFACT``: run an ONNX Runtime or TVM artifact on given or seeded inputs, time it."""
+"""``passctl run ARTIFACT``: run an ONNX Runtime, TVM or TensorRT artifact on given or seeded inputs, time it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ logger = logging.getLogger(__name__)
 
 def add_parser(sub) -> None:
     """Register the ``run`` subcommand on the CLI's subparsers object."""
-    p = sub.add_parser("run", help="run an artifact (ONNX Runtime or TVM) and print outputs and latency")
+    p = sub.add_parser("run", help="run an artifact (ONNX Runtime, TVM, or a TensorRT artifact's "
+                                   "model.onnx) and print outputs and latency")
     p.add_argument("artifact", help="an artifact folder written by passctl compile")
     p.add_argument("--inputs", metavar="FILE.npz", help="arrays by input name (default: seeded random)")
     p.add_argument("--runs", type=int, default=10, help="timed runs; the median is printed (default 10)")
@@ -29,21 +30,24 @@ def add_parser(sub) -> None:
 
 
 def artifact_kind(folder: str) -> str:
-    """``"tvm"`` or ``"onnxruntime"`` from the files in ``folder``.
+    """``"tvm"``, ``"tensorrt"`` or ``"onnxruntime"`` from the files in ``folder``.
 
     Raises:
         UserError: ``folder`` is not a folder or holds neither artifact.
     """
+    from passctl.targets.tensorrt import is_tensorrt_artifact
     from passctl.targets.tvm.runtime import MANIFEST_FILE, is_tvm_artifact
 
     if not os.path.isdir(folder):
         raise UserError(f"artifact '{folder}' is not a folder; give the -o folder of passctl compile")
     if is_tvm_artifact(folder):
         return "tvm"
+    if is_tensorrt_artifact(folder):
+        return "tensorrt"
     if os.path.isfile(os.path.join(folder, "session.json")):
         return "onnxruntime"
-    raise UserError(f"artifact '{folder}' has neither session.json (ONNX Runtime) nor a TVM "
-                    f"{MANIFEST_FILE}; give the -o folder of passctl compile")
+    raise UserError(f"artifact '{folder}' has neither session.json (ONNX Runtime) nor a TVM or "
+                    f"TensorRT {MANIFEST_FILE}; give the -o folder of passctl compile")
 
 
 class _Runner:
@@ -65,6 +69,11 @@ class _Runner:
                 i["name"], onnx.helper.np_dtype_to_tensor_dtype(np.dtype(i["dtype"])), i["shape"])
                 for i in self.tvm.manifest["inputs"]]
             self.header = onnx.helper.make_model(onnx.helper.make_graph([], "inputs", graph_inputs, []))
+        elif self.kind == "tensorrt":  # its model.onnx: the network TensorRT parses, run on the CPU
+            from passctl.tools.check import cpu_session
+
+            self.session = cpu_session(os.path.join(folder, "model.onnx"), optimize=True)
+            self.header = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
         else:
             from passctl.targets.onnxruntime import create_session
 
@@ -96,6 +105,8 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
         ``(kind, outputs, latencies_ms)``: the artifact kind, the outputs of the last run by name,
         and the wall-clock milliseconds of each timed run.
 
+    Without ``dims``, a TensorRT artifact's random inputs take its optimization profile's OPT sizes.
+
     Raises:
         UserError: not an artifact, unreadable ``inputs``, ``runs`` < 1, or inputs that do not fit.
     """
@@ -107,6 +118,8 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     runner = _Runner(folder)
     if dims:
         check_dim_names(runner.header, dims)
+    elif runner.kind == "tensorrt":
+        dims = _profile_opt_dims(folder)
     feeds = make_inputs(runner.header, seed=seed, dim_values=dims, overrides=load_input_file(inputs))
     try:
         outputs = runner.run(feeds)
@@ -125,6 +138,17 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     return runner.kind, outputs, times
 
 
+def _profile_opt_dims(folder: str) -> Dict[str, int]:
+    """A TensorRT artifact's optimization-profile OPT sizes as ``{"input[axis]": size}`` (the sizes
+    its engine is tuned for: the default inputs of ``passctl run``)."""
+    import json
+
+    with open(os.path.join(folder, "manifest.json")) as f:
+        profile = json.load(f).get("optimization_profile") or {}
+    return {f"{name}[{axis}]": size for name, rows in profile.items()
+            for axis, size in enumerate(rows["opt"])}
+
+
 def _is_ort_input_error(e: BaseException) -> bool:
     """True for ONNX Runtime's InvalidArgument (wrong input shape, dtype or name)."""
     try:
@@ -136,7 +160,11 @@ def _is_ort_input_error(e: BaseException) -> bool:
 
 def _provider_note(folder: str, kind: str) -> str:
     """For ONNX Runtime artifacts: the execution provider that ran, and a warning when session.json
-    asked for one this ONNX Runtime build lacks (the latency is then that of the fallback)."""
+    asked for one this ONNX Runtime build lacks (the latency is then that of the fallback); for
+    TensorRT artifacts: that their model.onnx ran, not the engine."""
+    if kind == "tensorrt":
+        return (": its model.onnx on ONNX Runtime's CPUExecutionProvider (passctl does not run "
+                "TensorRT engines; time model.engine with trtexec --loadEngine=model.engine)")
     if kind != "onnxruntime":
         return ""
     import json

@@ -50,10 +50,11 @@ def parse_dims(text: str) -> Dict[str, int]:
 _POSITIONAL = re.compile(r"^(?P<input>.+)\[(?P<axis>\d+)\]$")
 
 
-def check_dims(model: Model, dims: Dict[str, int]) -> None:
+def check_dims(model: Model, dims: Dict[str, int], owner: str = "lower-tvm") -> None:
     """Every key of ``dims`` names a symbolic input dim or an axis ``input[axis]`` of a graph input.
 
     An ``input[axis]`` key on a static axis is accepted when the sizes agree (nothing to do).
+    ``owner`` starts the error messages (the pass or emitter option that gave ``dims``).
 
     Raises:
         UserError: a NAME matches no dim_param of the graph inputs, an ``input[axis]`` names no
@@ -76,7 +77,7 @@ def check_dims(model: Model, dims: Dict[str, int]) -> None:
         if match and match["input"] in shapes and int(match["axis"]) < len(shapes[match["input"]]):
             d = shapes[match["input"]].dims[int(match["axis"])]
             if isinstance(d, int) and d >= 0 and d != size:
-                raise UserError(f"lower-tvm: dims item '{key}={size}': axis {match['axis']} of "
+                raise UserError(f"{owner}: dims item '{key}={size}': axis {match['axis']} of "
                                 f"input '{match['input']}' is static with size {d}; drop the item "
                                 f"or give {key}={d}")
             continue
@@ -84,9 +85,9 @@ def check_dims(model: Model, dims: Dict[str, int]) -> None:
             continue
         if match and match["input"] in shapes:
             rank = len(shapes[match["input"]])
-            raise UserError(f"lower-tvm: dims item '{key}={size}': input '{match['input']}' has rank "
+            raise UserError(f"{owner}: dims item '{key}={size}': input '{match['input']}' has rank "
                             f"{rank}, so its axes are 0..{rank - 1}")
-        raise UserError(f"lower-tvm: dims name '{key}' matches no dim of the model's inputs "
+        raise UserError(f"{owner}: dims name '{key}' matches no dim of the model's inputs "
                         f"(symbolic dim names: {', '.join(names) or 'none'}; unknown axes, as "
                         f"INPUT[AXIS]: {', '.join(positional) or 'none'})")
 

@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from passctl.ir import Graph, Model, Tensor
 from passctl.targets.base import EmitError, Emitter
@@ -132,17 +132,12 @@ class OnnxRuntimeEmitter(Emitter):
         Raises:
             EmitError: ONNX Runtime cannot load the written model.
         """
-        from passctl.ir.onnx_export import save
-
-        nbytes = weight_bytes(model.graph)
-        external = nbytes > self.external_data_threshold
-        path = os.path.join(folder, MODEL_FILE)
-        save(model, path, external_data=external, location=DATA_FILE if external else None)
+        path, nbytes, external = write_onnx(model, folder, self.external_data_threshold)
         cfg = session_config(target)
         with open(os.path.join(folder, SESSION_FILE), "w") as f:
             json.dump(cfg, f, indent=2)
             f.write("\n")
-        load = _load_check(path)
+        load = load_check(path)
         files = sorted(os.listdir(folder))
         logger.info("onnxruntime artifact: %s (%d weight bytes, external=%s)", files, nbytes,
                     external)
@@ -150,7 +145,32 @@ class OnnxRuntimeEmitter(Emitter):
                 "weight_bytes": nbytes, "session": SESSION_FILE, "load_check": load}
 
 
-def _load_check(path: str) -> Dict[str, Any]:
+def write_onnx(model: Model, folder: str,
+               external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> Tuple[str, int, bool]:
+    """Save ``model`` as ``folder/model.onnx``, its weights in ``model.onnx.data`` when they exceed
+    ``external_data_threshold`` bytes.
+
+    Returns:
+        ``(path, weight bytes, external)``.
+    """
+    from passctl.ir.onnx_export import save
+
+    nbytes = weight_bytes(model.graph)
+    external = nbytes > external_data_threshold
+    path = os.path.join(folder, MODEL_FILE)
+    save(model, path, external_data=external, location=DATA_FILE if external else None)
+    return path, nbytes, external
+
+
+def load_check(path: str) -> Dict[str, Any]:
+    """Open the ONNX file ``path`` in ONNX Runtime (CPU provider) to prove it is a valid model.
+
+    Returns:
+        ``{"ok": True, "provider", "seconds", "inputs", "outputs"}`` (input / output names).
+
+    Raises:
+        EmitError: ONNX Runtime cannot load it (its first message line).
+    """
     import onnxruntime as ort
 
     so = ort.SessionOptions()

@@ -12,6 +12,8 @@ import onnx
 import onnxruntime as ort
 from cli_helpers import conv_bn_proto, sha256  # tests/cli/cli_helpers.py
 
+from passctl.targets import get_target
+
 RAISING_PLUGIN = '''
 from passctl.passes.base import Pass
 from passctl.passes.registry import register_pass
@@ -91,11 +93,26 @@ def test_options_before_the_model(cli, conv_bn_model, tmp_path):
     assert session["execution_providers"][0][0] == "CUDAExecutionProvider"
 
 
-def test_unimplemented_emitter(cli, conv_bn_model, tmp_path):
+def test_tensorrt_emitter_refuses_the_cpu_target(cli, conv_bn_model, tmp_path):
     r = cli(conv_bn_model, "--emit", "tensorrt", "-o", tmp_path / "out")
-    _assert_user_error(r, "the TensorRT emitter is not implemented in this version; "
-                          "use --emit onnxruntime")
+    _assert_user_error(r, "target 'cpu': TensorRT runs on NVIDIA GPUs; give a GPU target")
     assert not (tmp_path / "out").exists()
+
+
+def test_tensorrt_emitter_end_to_end(cli, conv_bn_model, tmp_path):
+    """--emit tensorrt for a10 with --check: the check runs the artifact's model.onnx against the
+    original (ONNX Runtime on both), and the manifest says why no engine was built here."""
+    out = tmp_path / "out"
+    r = cli("--pipeline", "cleanup,fuse", "--target", "a10", "--emit", "tensorrt", "--check",
+            conv_bn_model, "-o", out)
+    assert r.rc == 0, r.err
+    report = json.loads((out / "report.json").read_text())
+    assert report["check"]["ok"] and report["check"]["max_rel"] <= 1e-5
+    manifest = json.loads((out / "manifest.json").read_text())
+    from passctl.targets.tensorrt.engine import engine_unavailable
+
+    why = engine_unavailable(get_target("a10"))
+    assert (manifest["engine"] is None) == (why is not None)
 
 
 def test_bad_option_is_one_line(cli, conv_bn_model):

@@ -1,0 +1,243 @@
+"""TensorRT emitter: the artifact (ONNX, precision, profile, trtexec script) and its refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper
+import onnxruntime as ort
+import pytest
+
+from passctl.ir import from_onnx, load
+from passctl.ir.errors import UserError
+from passctl.passes.manager import PassManager
+from passctl.passes.pipeline_text import build_pipeline
+from passctl.targets import get_emitter, get_target
+from passctl.targets.tensorrt import TensorRTEmitter
+from passctl.targets.tensorrt.engine import engine_unavailable
+from passctl.targets.tensorrt.shapes import parse_shape_ranges, trtexec_shapes
+from passctl.targets.tensorrt.support import UNSUPPORTED_OPS
+from passctl.tools.run_artifact import run_artifact
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from corpus import package_file  # noqa: E402
+
+CLS = ("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx")
+CLS_SHAPES = 'x[0]=1:4:16,x[2]=48,x[3]=192:192:320'
+
+
+def _run(path, feeds):
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+@pytest.fixture(scope="module")
+def cls_artifact(tmp_path_factory):
+    """PP-OCR cls through cleanup,fuse for a10 with the TensorRT emitter (real weights)."""
+    source = package_file(*CLS)
+    model = load(source)
+    PassManager(build_pipeline("cleanup,fuse", "a10", "tensorrt")).run(model)
+    out = str(tmp_path_factory.mktemp("trt") / "cls")
+    info = TensorRTEmitter(shapes=CLS_SHAPES).emit(model, get_target("a10"), out)
+    return source, out, info
+
+
+def test_cls_artifact_matches_the_original_across_the_profile(cls_artifact):
+    source, out, info = cls_artifact
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    assert manifest["schema"] == "passctl.tensorrt.artifact/1" and manifest["strongly_typed"]
+    assert manifest["optimization_profile"] == {"x": {"min": [1, 3, 48, 192], "opt": [4, 3, 48, 192],
+                                                      "max": [16, 3, 48, 320]}}
+    assert sorted(os.listdir(out)) == ["build_engine.sh", "manifest.json", "model.onnx",
+                                       "precision.json"]
+    rng = np.random.default_rng(0)
+    for row in ("min", "opt", "max"):  # the emitted network at every corner of the profile
+        shape = manifest["optimization_profile"]["x"][row]
+        feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+        want, got = _run(source, feeds)[0], _run(os.path.join(out, "model.onnx"), feeds)[0]
+        assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want)), row
+
+
+def test_cls_artifact_is_standard_onnx_with_a_trtexec_script(cls_artifact):
+    _, out, _ = cls_artifact
+    proto = onnx.load(os.path.join(out, "model.onnx"))
+    onnx.checker.check_model(proto, full_check=True)
+    ops = {(n.domain or "", n.op_type) for n in proto.graph.node}
+    assert all(domain in ("", "ai.onnx") for domain, _ in ops), ops
+    assert not {op for _, op in ops} & UNSUPPORTED_OPS
+    script = open(os.path.join(out, "build_engine.sh")).read()
+    assert ("trtexec --onnx=model.onnx --saveEngine=model.engine --stronglyTyped --noTF32 "
+            "--minShapes=x:1x3x48x192 --optShapes=x:4x3x48x192 --maxShapes=x:16x3x48x320") in script
+    assert os.access(os.path.join(out, "build_engine.sh"), os.X_OK)
+
+
+def test_cls_engine_is_built_or_the_reason_is_recorded(cls_artifact):
+    _, out, _ = cls_artifact
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    why = engine_unavailable(get_target("a10"))
+    if why is None:  # a machine with TensorRT and an A10
+        assert manifest["engine"] == "model.engine" and os.path.getsize(os.path.join(out, "model.engine"))
+    else:
+        assert manifest["engine"] is None and why in manifest["engine_note"]
+        assert "build_engine.sh" in manifest["engine_note"]
+
+
+def test_precision_table_matches_onnx_shape_inference(cls_artifact):
+    """Each layer's precision is the element type ONNX shape inference gives its first float output."""
+    _, out, _ = cls_artifact
+    table = json.load(open(os.path.join(out, "precision.json")))
+    proto = onnx.shape_inference.infer_shapes(onnx.load(os.path.join(out, "model.onnx")))
+    types = {v.name: v.type.tensor_type.elem_type for v in
+             list(proto.graph.value_info) + list(proto.graph.output) + list(proto.graph.input)}
+    types.update({i.name: i.data_type for i in proto.graph.initializer})
+    assert len(table["layers"]) == len(proto.graph.node)
+    for layer, node in zip(table["layers"], proto.graph.node):
+        assert layer["op"] == node.op_type and layer["output"] == node.output[0]
+        out_types = [types[o] for o in node.output if o in types]
+        floats = [t for t in out_types if onnx.helper.tensor_dtype_to_np_dtype(t).kind == "f"]
+        want = (floats or out_types)[0]
+        assert layer["precision"] == onnx.helper.tensor_dtype_to_np_dtype(want).name, layer
+    assert sum(table["summary"].values()) == len(proto.graph.node)
+
+
+def test_passctl_run_uses_the_profile_opt_shape(cls_artifact):
+    _, out, _ = cls_artifact
+    kind, outputs, times = run_artifact(out, runs=1, warmup=0)
+    assert kind == "tensorrt" and len(times) == 1
+    (name, got), = outputs.items()
+    assert got.shape == (4, 2)  # OPT batch 4
+    proto = onnx.load(os.path.join(out, "model.onnx"))
+    from passctl.tools.inputs import make_inputs
+    feeds = make_inputs(proto, seed=0, dim_values={"x[0]": 4, "x[2]": 48, "x[3]": 192})
+    np.testing.assert_allclose(got, _run(package_file(*CLS), feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def _graph(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = oh.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+
+
+def _vi(name, shape, dtype=onnx.TensorProto.FLOAT):
+    return oh.make_tensor_value_info(name, dtype, shape)
+
+
+def _emit(proto, tmp_path, **options):
+    out = tmp_path / "out"
+    TensorRTEmitter(**options).emit(from_onnx(proto), get_target("a10"), str(out))
+    return out
+
+
+@pytest.mark.parametrize("case, message", [
+    ("unique", "node 'u' (Unique): Unique is not supported by TensorRT 10.15"),
+    ("contrib", "node 'g' (com.microsoft::FastGelu): TensorRT's ONNX parser has no 'com.microsoft' "
+                "operators"),
+    ("topk", "node 't' (TopK): TensorRT's ONNX parser requires that K must be an initializer"),
+    ("resize", "node 'r' (Resize): TensorRT's ONNX parser requires that mode 'cubic' is not supported"),
+    ("qdq", "node 'q' (QuantizeLinear): TensorRT's ONNX parser requires that the zero point must be 0"),
+    ("opset", "opset 8 is outside TensorRT 10.15's ONNX parser range 9..24"),
+])
+def test_unsupported_graphs_are_refused_before_writing(case, message, tmp_path):
+    x = _vi("x", [1, 4, 8, 8])
+    y = _vi("y", None)
+    if case == "unique":
+        proto = _graph([oh.make_node("Unique", ["x"], ["y"], name="u")], [x], [y])
+    elif case == "contrib":
+        proto = _graph([oh.make_node("FastGelu", ["x"], ["y"], name="g", domain="com.microsoft")],
+                       [x], [y])
+        proto.opset_import.append(oh.make_opsetid("com.microsoft", 1))
+    elif case == "topk":
+        proto = _graph([oh.make_node("TopK", ["x", "k"], ["y", "i"], name="t")],
+                       [x, _vi("k", [1], onnx.TensorProto.INT64)], [y, _vi("i", None, onnx.TensorProto.INT64)])
+    elif case == "resize":
+        scales = onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s")
+        proto = _graph([oh.make_node("Resize", ["x", "", "s"], ["y"], name="r", mode="cubic")], [x], [y],
+                       [scales])
+    elif case == "qdq":
+        scale = onnx.numpy_helper.from_array(np.array(0.1, np.float32), "sc")
+        zero = onnx.numpy_helper.from_array(np.array(3, np.int8), "zp")
+        proto = _graph([oh.make_node("QuantizeLinear", ["x", "sc", "zp"], ["y"], name="q")], [x],
+                       [_vi("y", None, onnx.TensorProto.INT8)], [scale, zero])
+    else:
+        proto = _graph([oh.make_node("Relu", ["x"], ["y"], name="r")], [x], [y], opset=8)
+    with pytest.raises(UserError) as info:
+        _emit(proto, tmp_path)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_dynamic_dims_need_ranges(tmp_path):
+    proto = _graph([oh.make_node("Relu", ["x"], ["y"], name="r")],
+                   [_vi("x", ["batch", 3, None])], [_vi("y", ["batch", 3, None])])
+    with pytest.raises(UserError, match=r"missing: batch, x\[2\]; give them as --emit "
+                                        r"'tensorrt\{shapes=\"batch=1:1:1,x\[2\]=1:1:1\"\}'"):
+        _emit(proto, tmp_path)
+    with pytest.raises(UserError, match="dims name 'batchh' matches no dim"):
+        _emit(proto, tmp_path, shapes="batchh=2,x[2]=5")
+    out = _emit(proto, tmp_path, shapes="batch=1:2:8,x[2]=5")
+    manifest = json.load(open(out / "manifest.json"))
+    assert manifest["optimization_profile"] == {"x": {"min": [1, 3, 5], "opt": [2, 3, 5],
+                                                      "max": [8, 3, 5]}}
+    assert manifest["inputs"] == [{"name": "x", "shape": ["batch", 3, None], "dtype": "float32"}]
+
+
+def test_static_model_has_no_profile_and_tf32_is_opt_in(tmp_path):
+    proto = _graph([oh.make_node("Relu", ["x"], ["y"], name="r")], [_vi("x", [2, 3])], [_vi("y", [2, 3])])
+    manifest = json.load(open(_emit(proto, tmp_path, tf32=True, workspace_mb=256) / "manifest.json"))
+    assert manifest["optimization_profile"] is None
+    assert manifest["trtexec"] == ["trtexec", "--onnx=model.onnx", "--saveEngine=model.engine",
+                                   "--stronglyTyped", "--memPoolSize=workspace:256M"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("batch=0", "needs 0 < MIN <= OPT <= MAX"),
+    ("batch=4:2:8", "needs 0 < MIN <= OPT <= MAX"),
+    ("batch=1:2", "is not NAME=SIZE or NAME=MIN:OPT:MAX"),
+    ("batch", "is not NAME=SIZE or NAME=MIN:OPT:MAX"),
+    ("batch=1,batch=2", "'batch' is given twice"),
+])
+def test_bad_shape_ranges(text, message):
+    with pytest.raises(UserError, match=message):
+        parse_shape_ranges(text)
+
+
+def test_trtexec_shapes_quote_names_with_separators():
+    profile = {"input:0": {"min": [1, 2], "opt": [1, 2], "max": [1, 2]},
+               "mask": {"min": [1], "opt": [4], "max": [8]}}
+    assert trtexec_shapes(profile, "opt") == "'input:0':1x2,mask:4"
+
+
+def test_emitter_options_and_refusals():
+    emitter = get_emitter('tensorrt{shapes="batch=1:2:4,seq=128",build=false,tf32=true}')
+    assert isinstance(emitter, TensorRTEmitter)
+    assert emitter.ranges == {"batch": (1, 2, 4), "seq": (128, 128, 128)}
+    assert emitter.build is False and emitter.tf32 is True
+    with pytest.raises(UserError, match="TensorRT runs on NVIDIA GPUs"):
+        emitter.preflight(get_target("cpu"))
+    why = engine_unavailable(get_target("h200"))
+    if why is not None:
+        with pytest.raises(UserError, match="build=true, but " + why.split(" (")[0]):
+            TensorRTEmitter(build=True).preflight(get_target("h200"))
+
+
+def test_amp_layers_are_recorded_per_precision(tmp_path):
+    """amp's fp16 layers reach precision.json as float16, the rest float32 (ONNX inference decides)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "passes", "precision"))
+    from amp_graphs import layernorm_model
+
+    model = from_onnx(layernorm_model())
+    PassManager(build_pipeline("amp", "a10", "tensorrt")).run(model)
+    out = tmp_path / "ln"
+    TensorRTEmitter().emit(model, get_target("a10"), str(out))
+    table = json.load(open(out / "precision.json"))
+    proto = onnx.shape_inference.infer_shapes(onnx.load(str(out / "model.onnx")))
+    types = {v.name: v.type.tensor_type.elem_type for v in
+             list(proto.graph.value_info) + list(proto.graph.output)}
+    want = {node.output[0]: onnx.helper.tensor_dtype_to_np_dtype(types[node.output[0]]).name
+            for node in proto.graph.node}
+    assert {layer["output"]: layer["precision"] for layer in table["layers"]} == want
+    assert table["summary"].get("float16", 0) >= 1 and table["summary"]["float32"] >= 1
