@@ -30,7 +30,8 @@ ModelLike = Union[str, "os.PathLike[str]", bytes, onnx.ModelProto]
 
 
 def cpu_session(model: Union[str, bytes], optimize: bool = False, threads: Optional[int] = None,
-                sequential: bool = False, profile_prefix: Optional[str] = None):
+                sequential: bool = False, profile_prefix: Optional[str] = None,
+                external_initializers: Optional[Mapping[str, Any]] = None):
     """An ``onnxruntime.InferenceSession`` on the CPU execution provider, the one place passctl's
     checks and benchmarks set session options.
 
@@ -40,6 +41,10 @@ def cpu_session(model: Union[str, bytes], optimize: bool = False, threads: Optio
         threads: ``intra_op_num_threads`` (``None``: ONNX Runtime's default).
         sequential: one inter-op thread and ``ORT_SEQUENTIAL`` execution (for latency benchmarks).
         profile_prefix: turn on ONNX Runtime's profiler, writing ``<prefix>_<date>.json``.
+        external_initializers: ``{initializer name: onnxruntime.OrtValue}`` for initializers that
+            ``model`` marks as external data (``data_location = EXTERNAL``): ONNX Runtime takes their
+            data from these values instead of a file (``SessionOptions.add_external_initializers``),
+            so large weights need not be serialized into ``model``.
 
     Raises:
         onnxruntime.capi.onnxruntime_pybind11_state.Fail (and its siblings): the model does not load.
@@ -49,7 +54,7 @@ def cpu_session(model: Union[str, bytes], optimize: bool = False, threads: Optio
     options = ort.SessionOptions()
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: a failed run raises with the same message
     if threads is not None:
         options.intra_op_num_threads = threads
     if sequential:
@@ -58,6 +63,9 @@ def cpu_session(model: Union[str, bytes], optimize: bool = False, threads: Optio
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
+    if external_initializers:
+        options.add_external_initializers(list(external_initializers),
+                                          list(external_initializers.values()))
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 

@@ -410,13 +410,22 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     Uses :mod:`passctl.tools.check` (ONNX Runtime, graph optimizations off, on both models) on
     seeded inputs from ``make_inputs``; an output passes when ``OutputDiff.ok(rtol, atol)``. A TVM
     artifact's folder (``candidate``'s folder holds its manifest) runs in ``tvm.runtime`` on inputs
-    of the static shapes in its manifest.
+    of the static shapes in its manifest; without ``dims``, a TensorRT artifact's inputs take its
+    optimization profile's OPT sizes.
+
+    Raises:
+        UserError: the original model itself fails on the inputs (sizes that do not fit it).
     """
+    from passctl.targets.tensorrt import is_tensorrt_artifact
     from passctl.targets.tvm.runtime import is_tvm_artifact, load_artifact, read_manifest
     from passctl.tools.check import compare, make_inputs, run_onnxruntime
 
     folder = os.path.dirname(candidate)
     tvm = is_tvm_artifact(folder)
+    if not dims and is_tensorrt_artifact(folder):  # the sizes its engine is tuned for
+        from passctl.tools.run_artifact import profile_opt_dims
+
+        dims = profile_opt_dims(folder)
     if tvm:  # a TVM artifact has static input shapes: the check uses them (H12, additive)
         dims = dict(dims, **{f"{i['name']}[{axis}]": int(n) for i in read_manifest(folder)["inputs"]
                              for axis, n in enumerate(i["shape"])})
@@ -430,8 +439,16 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
                              for axis, d in enumerate(i.type.tensor_type.shape.dim)
                              if d.HasField("dim_value") and d.dim_value > 0})
     inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
+    try:
+        want = run_onnxruntime(reference, inputs)
+    except Exception as e:  # noqa: BLE001  (ORT's Fail / InvalidArgument / RuntimeException)
+        shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"--check: the original model fails on the seeded inputs ({shapes}): "
+                        f"{first}; give sizes that fit with --dim NAME=SIZE or arrays with "
+                        "--inputs FILE.npz") from e
     got = load_artifact(folder).run(inputs) if tvm else run_onnxruntime(candidate, inputs)
-    result = compare(run_onnxruntime(reference, inputs), got)
+    result = compare(want, got)
     entry = result.to_dict(args.rtol)
     for diff, item in zip(result.outputs.values(), entry["outputs"]):
         item["ok"] = diff.ok(args.rtol, args.atol)

@@ -119,7 +119,7 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     if dims:
         check_dim_names(runner.header, dims)
     elif runner.kind == "tensorrt":
-        dims = _profile_opt_dims(folder)
+        dims = profile_opt_dims(folder)
     feeds = make_inputs(runner.header, seed=seed, dim_values=dims, overrides=load_input_file(inputs))
     try:
         outputs = runner.run(feeds)
@@ -138,7 +138,7 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     return runner.kind, outputs, times
 
 
-def _profile_opt_dims(folder: str) -> Dict[str, int]:
+def profile_opt_dims(folder: str) -> Dict[str, int]:
     """A TensorRT artifact's optimization-profile OPT sizes as ``{"input[axis]": size}`` (the sizes
     its engine is tuned for: the default inputs of ``passctl run``)."""
     import json
@@ -201,4 +201,4 @@ def main(args, console) -> int:
     return 0
 
 
-__all__ = ["add_parser", "artifact_kind", "main", "run_artifact", "summarize"]
+__all__ = ["add_parser", "artifact_kind", "main", "profile_opt_dims", "run_artifact", "summarize"]

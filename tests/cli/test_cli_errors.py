@@ -233,3 +233,26 @@ def test_bad_inputs_file_and_dim(cli, conv_bn_model, tmp_path):
     r = cli(conv_bn_model, "--check", "--inputs", npz, "-o", tmp_path / "out")
     _assert_user_error(r, "not_an_input")
     assert not (tmp_path / "out").exists()
+
+
+SILERO = "silero_vad:data/silero_vad_16k_op15.onnx"  # reflect-pads its input by 64: needs >= 65 samples
+
+
+def test_check_inputs_the_original_cannot_run_are_a_user_error(cli, tmp_path):
+    """The default sequence size (16) is too short for Silero VAD's STFT padding: ONNX Runtime fails
+    on the original model itself, which is the user's --dim to give, not an internal error."""
+    r = cli(SILERO, "--pipeline", "cleanup", "--check", "-o", tmp_path / "out")
+    _assert_user_error(r, "--check: the original model fails on the seeded inputs (input [1, 16]",
+                       "Pad reflect", "give sizes that fit with --dim NAME=SIZE")
+    assert not (tmp_path / "out").exists()
+    r = cli(SILERO, "--pipeline", "cleanup", "--check", "--dim", "sequence=512", "-o", tmp_path / "out")
+    assert r.rc == 0, r.err
+
+
+def test_tensorrt_check_runs_at_the_profile_opt_sizes(cli, tmp_path):
+    out = tmp_path / "out"
+    r = cli(SILERO, "--pipeline", "cleanup,fuse", "--target", "a10", "--check", "--emit",
+            'tensorrt{shapes="batch=1,sequence=256:512:1024"}', "-o", out)
+    assert r.rc == 0, r.err
+    check = json.loads((out / "report.json").read_text())["check"]
+    assert check["ok"] and check["inputs"][0] == {"name": "input", "shape": [1, 512], "dtype": "float32"}
