@@ -98,6 +98,17 @@ AMP: List[str] = [
     "dce",
 ]
 
+QUANTIZE: List[str] = [
+    # NOTE: infer-shapes first: quantize-int8 quantizes only float32 data inputs, and exports keep
+    # few types for intermediate values.
+    "infer-shapes",
+    # NOTE: quantize-int8 calibrates, measures, searches the float32 set and writes QDQ itself
+    # (symmetric, zero point 0: what TensorRT requires and ONNX Runtime's QDQ fusions accept).
+    "quantize-int8",
+    # NOTE: dce last: the float32 weights (initializers or Constant nodes) it replaced are dead.
+    "dce",
+]
+
 # NOTE (H9): the GPU profiles run ONNX Runtime's CUDA execution provider, whose FusedConv kernel applies
 # only activation="Relu" (contrib_ops/cuda/fused_conv.cc, MapMode): no fuse-conv-activation there.
 FUSE_ONNXRUNTIME_GPU: List[str] = [n for n in FUSE_ONNXRUNTIME if n != "fuse-conv-activation"]
@@ -150,13 +161,12 @@ ALIASES: Dict[str, Dict[str, List[str]]] = {
     "amp": {DEFAULT_TARGET: AMP},
     "flash-attn": {DEFAULT_TARGET: FLASH_ATTN_ONNXRUNTIME, "tvm": FLASH_ATTN_TVM,
                    "tensorrt": FLASH_ATTN_STANDARD},
-    "quantize": {DEFAULT_TARGET: []},
+    "quantize": {DEFAULT_TARGET: QUANTIZE},
 }
 
 # Why an alias without passes fails: the feature that will bring them.
 NOT_YET: Dict[str, str] = {
     "fuse": "operator fusion is not implemented in this version",
-    "quantize": "quantization is not implemented in this version",
 }
 
 

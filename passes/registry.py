@@ -46,6 +46,7 @@ _builtin_modules: List[str] = [
     "passctl.passes.attention.lower",
     # Layer-wise mixed precision (issue 8, H13).
     "passctl.passes.precision.amp",
+    "passctl.passes.quantize.quantize_int8",
 ]
 
 _PASSES: Dict[str, Type[Pass]] = {}

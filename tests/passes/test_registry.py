@@ -70,18 +70,36 @@ def test_cleanup_alias_expands_in_order():
         "dce", "infer-shapes", "eliminate-identity", "fold-constants", "cse", "dce", "fuse-conv-bn"]
 
 
-@pytest.mark.parametrize("alias,feature", [("quantize", "quantization")])
-def test_aliases_without_passes_say_what_is_missing(alias, feature):
-    with pytest.raises(UserError) as info:
-        expand_alias(alias, "h100")
-    assert str(info.value).startswith(f"`{alias}` has no passes yet: ")
-    assert feature in str(info.value) and "not implemented in this version" in str(info.value)
+def test_quantize_alias_expands_for_every_target():
+    # quantize is no longer reserved: the same passes for every target and emitter.
+    for target in ("cpu", "a10", "h100"):
+        assert expand_alias("quantize", target) == ["infer-shapes", "quantize-int8", "dce"]
+    assert expand_alias("quantize", "a10", "tensorrt") == ["infer-shapes", "quantize-int8", "dce"]
+    assert get_pass("quantize-int8").name == "quantize-int8"
 
 
-def test_empty_alias_message_exact():
+@pytest.fixture
+def reserved_alias(monkeypatch):
+    """A group reserved for a later feature (no alias is reserved in this version: quantize was)."""
+    from passctl.passes import pipelines
+
+    monkeypatch.setitem(pipelines.ALIASES, "future-group", {"cpu": []})
+    monkeypatch.setitem(pipelines.NOT_YET, "future-group", "time travel is not implemented in this version")
+    return "future-group"
+
+
+def test_aliases_without_passes_say_what_is_missing(reserved_alias):
     with pytest.raises(UserError) as info:
-        expand_names(["cleanup", "quantize"])
-    assert str(info.value) == "`quantize` has no passes yet: quantization is not implemented in this version"
+        expand_alias(reserved_alias, "h100")
+    assert str(info.value).startswith(f"`{reserved_alias}` has no passes yet: ")
+    assert "time travel" in str(info.value) and "not implemented in this version" in str(info.value)
+
+
+def test_empty_alias_message_exact(reserved_alias):
+    with pytest.raises(UserError) as info:
+        expand_names(["cleanup", reserved_alias])
+    assert str(info.value) == ("`future-group` has no passes yet: time travel is not implemented in "
+                               "this version")
 
 
 def test_plugin_file_registers_its_passes(tmp_path):

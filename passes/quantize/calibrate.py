@@ -1,0 +1,139 @@
+"""Calibration (activation scales) and per-layer sensitivity, one ONNX Runtime session each."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from passctl.ir import Attr, AttrType, Builder, DataType, Model, Node, Shape, TensorType, Value
+from passctl.passes._snapshot import clone_model
+from passctl.passes.precision.sensitivity import Feeds, run_model
+from passctl.passes.quantize.layers import QuantLayer
+from passctl.passes.quantize.qdq import WeightCache, dequantized_weight, fake_quantized
+from passctl.passes.quantize.scales import activation_scale
+
+logger = logging.getLogger(__name__)
+
+
+def calibrate(model: Model, layers: Sequence[QuantLayer], feeds: Feeds, method: str,
+              percentile: float) -> Tuple[Dict[str, float], List[Dict[str, np.ndarray]]]:
+    """Activation scales of the layers' data inputs, and the float model's outputs, in one run.
+
+    One ONNX Runtime session (:func:`passctl.passes.precision.sensitivity.run_model`, optimizations
+    off) runs a copy of ``model`` whose graph outputs are extended with every layer's data input
+    (graph inputs are read from the feeds), for each feed. The scales follow
+    :func:`passctl.passes.quantize.scales.activation_scale` over all feeds together.
+
+    Args:
+        model: the float model (not modified).
+        layers: from :func:`passctl.passes.quantize.layers.find_layers` on ``model.graph``.
+        feeds: calibration feeds (arrays by graph input name).
+        method: ``minmax`` or ``percentile``; ``percentile`` in (0, 100].
+
+    Returns:
+        ``({activation name: float32 scale}, [per feed {model output name: array}])``.
+
+    Raises:
+        Exception: whatever ONNX Runtime raises when the model does not run on the feeds.
+    """
+    work = clone_model(model)
+    nodes = list(work.graph)
+    originals = [v.name for v in work.graph.outputs]
+    exposed: List[str] = []
+    for layer in layers:
+        x = nodes[layer.position].inputs[layer.data_index]
+        if x.is_graph_input() or x.name in exposed or x.name in originals:
+            continue
+        if x.type is None:
+            x.type = TensorType(DataType.FLOAT, None)
+        work.graph.outputs = list(work.graph.outputs) + [x]
+        exposed.append(x.name)
+    results = run_model(work, feeds, outputs=originals + exposed)
+    scales: Dict[str, float] = {}
+    for layer in layers:
+        name = nodes[layer.position].inputs[layer.data_index].name
+        if name not in scales:
+            samples = [f[name] if name in f else r[name] for f, r in zip(feeds, results)]
+            scales[name] = activation_scale(samples, method, percentile)
+    reference = [{k: r[k] for k in originals} for r in results]
+    return scales, reference
+
+
+@dataclass
+class Sensitivity:
+    """Each layer's local error with only that layer in int8 (its float inputs exact).
+
+    Attributes:
+        max_rel: layer position -> max |q - f| / max |f| of its output over the feeds.
+        mean_rel: layer position -> sum |q - f| / sum |f|.
+        seconds: wall time including building the session.
+    """
+
+    max_rel: Dict[int, float] = field(default_factory=dict)
+    mean_rel: Dict[int, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def sensitivity(model: Model, layers: Sequence[QuantLayer], scales: Dict[str, float], feeds: Feeds,
+                cache: WeightCache) -> Sensitivity:
+    """Measure every layer's own quantization error in one ONNX Runtime session.
+
+    The session runs a copy of the float graph extended, for each layer, with a clone of the node
+    that reads its data input through QuantizeLinear -> DequantizeLinear and its weight through
+    the int8 DequantizeLinear (exactly what :func:`passctl.passes.quantize.qdq.apply_qdq` writes);
+    the clone's first output is compared with the float output by scalar reductions (``ReduceMax``
+    and ``ReduceSum`` of ``|q - f|`` and of ``|f|``), so one run covers every layer whatever the
+    model size (the method of amp's :func:`passctl.passes.precision.sensitivity.measure`).
+    """
+    start = time.perf_counter()
+    work = clone_model(model)
+    graph = work.graph
+    nodes = list(graph)
+    b = Builder(graph)  # appends at the end: every original value is defined before
+    outputs: List[Value] = []
+    probes: Dict[int, Tuple[str, str, str, str]] = {}
+
+    def scalar(op: str, v: Value) -> Value:
+        out = b.op(op, b.op("Abs", v), keepdims=0)
+        out.type = TensorType(DataType.FLOAT, Shape(()))
+        outputs.append(out)
+        return out
+
+    for layer in layers:
+        node = nodes[layer.position]
+        ins = list(node.inputs)
+        ins[layer.data_index] = fake_quantized(b, ins[layer.data_index],
+                                               scales[ins[layer.data_index].name])
+        ins[layer.weight_index] = dequantized_weight(b, layer, cache)
+        out = Value(graph.fresh_name(f"quant_probe_{layer.position}"), node.outputs[0].type)
+        extra = [Value(graph.fresh_name("quant_probe_unused")) for _ in node.outputs[1:]]
+        graph.append(Node(node.domain, node.op_type, ins, list(node.attributes.values()),
+                          [out, *extra], name=graph.fresh_name(f"quant_probe_{layer.name}")))
+        ref = node.outputs[0]
+        diff = b.op("Sub", out, ref)
+        probes[layer.position] = tuple(v.name for v in (
+            scalar("ReduceMax", diff), scalar("ReduceSum", diff), scalar("ReduceMax", ref),
+            scalar("ReduceSum", ref)))
+    graph.outputs = outputs
+    results = run_model(work, feeds) if probes else []
+    m = Sensitivity()
+    for position, (e_max, e_sum, r_max, r_sum) in probes.items():
+        m.max_rel[position] = _ratio(max(float(r[e_max]) for r in results),
+                                     max(float(r[r_max]) for r in results))
+        m.mean_rel[position] = _ratio(sum(float(r[e_sum]) for r in results),
+                                      sum(float(r[r_sum]) for r in results))
+    m.seconds = time.perf_counter() - start
+    logger.info("quantize-int8: measured %d layers in %.2f s", len(probes), m.seconds)
+    return m
+
+
+def _ratio(err: float, scale: float) -> float:
+    if not np.isfinite(err):
+        return float("inf")
+    if scale > 0:
+        return err / scale
+    return 0.0 if err == 0 else float("inf")

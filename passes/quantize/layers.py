@@ -1,0 +1,107 @@
+"""Which nodes int8 quantization covers: Conv, MatMul with a constant B, Gemm; their weight axis."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from passctl.ir import DataType, Graph, Node, Value
+from passctl.passes.common.constants import constant_node_array
+
+#: Op types that may be quantized, as written in the ``exclude`` option and the report.
+#: ``FusedConv`` is ONNX Runtime's Conv + activation (``com.microsoft``, from ``fuse`` on CPU
+#: targets): same inputs and weight layout as Conv.
+QUANTIZABLE = ("Conv", "FusedConv", "MatMul", "Gemm")
+
+
+@dataclass
+class QuantLayer:
+    """One node whose data input and weight become int8.
+
+    Attributes:
+        position: index of the node in ``list(graph)`` (stable across ``clone_model``).
+        name: the node's name; for a nameless node its first source name (``Conv@57``: the
+            importer's ``<op>@<index>``) or ``<op>@<position>``.
+        op: its op type.
+        data_index: input slot of the activation (X / A), quantized per tensor.
+        weight_index: input slot of the constant weight (W / B), quantized per channel.
+        weight: the float32 weight as stored (Conv ``[C_out, C_in/g, kH, kW]``, MatMul ``[K, N]``,
+            Gemm ``[K, N]`` or ``[N, K]`` with transB=1).
+        axis: the weight's output-channel axis (Conv 0, MatMul 1, Gemm 0 with transB=1 else 1).
+    """
+
+    position: int
+    name: str
+    op: str
+    data_index: int
+    weight_index: int
+    weight: np.ndarray
+    axis: int
+
+
+def constant_array(value: Optional[Value]) -> Optional[np.ndarray]:
+    """The data of an initializer or of a ``Constant`` node's output, else None (PP-OCR exports keep
+    their weights in Constant nodes)."""
+    if value is None:
+        return None
+    if value.const is not None:
+        return value.const.numpy()
+    producer = value.producer
+    return constant_node_array(producer) if producer is not None else None
+
+
+def _slots(node: Node) -> Optional[Tuple[int, int, int]]:
+    """(data input, weight input, weight channel axis) of a quantizable node, or None."""
+    if node.op_type in ("Conv",) and node.domain in ("", "ai.onnx"):
+        return 0, 1, 0
+    if node.op_type == "FusedConv" and node.domain == "com.microsoft":
+        return 0, 1, 0
+    if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+        return 0, 1, 1
+    if node.op_type == "Gemm" and node.domain in ("", "ai.onnx"):
+        return 0, 1, 0 if node.attr("transB", 0) else 1
+    return None
+
+
+def find_layers(graph: Graph, exclude: Sequence[str] = ()) -> Tuple[List[QuantLayer], Dict[str, str]]:
+    """The quantizable nodes of ``graph`` (main graph only) and why the other candidates are not.
+
+    A node qualifies when its op is in :data:`QUANTIZABLE`, its data input is a non-constant
+    float32 value, and its weight is a constant float32 array (initializer or Constant node) of rank
+    2 (MatMul, Gemm) or 3-5 (Conv). ``exclude`` names nodes (name or a provenance name) or op types.
+
+    Returns:
+        ``(layers, {node name: why it stays float})`` for nodes of a quantizable op that do not.
+    """
+    wanted = set(exclude)
+    layers: List[QuantLayer] = []
+    skipped: Dict[str, str] = {}
+    for position, node in enumerate(graph):
+        slots = _slots(node)
+        if slots is None:
+            continue
+        name = node.name or (node.provenance[0] if node.provenance else f"{node.op_type}@{position}")
+        if node.op_type in wanted or name in wanted or wanted.intersection(node.provenance):
+            skipped[name] = "excluded (exclude option)"
+            continue
+        data_index, weight_index, axis = slots
+        data = node.inputs[data_index] if len(node.inputs) > data_index else None
+        weight = constant_array(node.inputs[weight_index] if len(node.inputs) > weight_index else None)
+        if data is None or constant_array(data) is not None:
+            skipped[name] = "its data input is a constant"
+            continue
+        if data.dtype not in (DataType.FLOAT, None):
+            skipped[name] = f"its data input is {data.dtype.short_name}, not float32"
+            continue
+        if weight is None:
+            skipped[name] = "its weight is not a constant"
+            continue
+        rank_ok = weight.ndim == 2 if node.op_type in ("MatMul", "Gemm") else 3 <= weight.ndim <= 5
+        if weight.dtype != np.float32 or not rank_ok:
+            skipped[name] = f"weight {weight.dtype} of rank {weight.ndim} is not supported"
+            continue
+        layers.append(QuantLayer(position, name, node.op_type, data_index, weight_index,
+                                 weight, axis))
+    return layers, skipped

@@ -1,0 +1,43 @@
+"""Raising a model's default-domain opset to 13 (per-channel QDQ) with onnx's version converter."""
+
+from __future__ import annotations
+
+import logging
+
+from passctl.ir import Model, from_onnx, to_onnx
+from passctl.ir.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+
+def raise_opset(model: Model, opset: int) -> int:
+    """Convert ``model`` in place to default-domain ``opset`` when it is lower; return the old one.
+
+    Uses ``onnx.version_converter.convert_version`` (the ONNX project's adapters between opsets,
+    e.g. Squeeze/Unsqueeze/ReduceSum ``axes`` attributes becoming inputs at 13). The converted
+    model replaces ``model``'s graph, opset imports, IR version and functions; provenance travels
+    through the ONNX node metadata.
+
+    Raises:
+        UserError: the converter fails (e.g. a custom-domain op it has no schema for); names the
+            opsets and says to convert the model first.
+    """
+    old = model.opset
+    if old >= opset:
+        return old
+    import onnx.version_converter
+
+    try:
+        converted = onnx.version_converter.convert_version(to_onnx(model), opset)
+    except Exception as e:  # the converter raises RuntimeError / ConvertError / ValidationError
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"quantize-int8: per-channel int8 needs opset >= {opset} but the model has "
+                        f"opset {old}, and onnx's version converter failed ({first}); convert the "
+                        f"model to opset {opset} first (or quantize before `fuse`)") from e
+    new = from_onnx(converted, model.base_dir)
+    model.graph = new.graph
+    model.opset_imports = new.opset_imports
+    model.ir_version = new.ir_version
+    model.functions = new.functions
+    logger.info("quantize-int8: opset raised from %d to %d", old, opset)
+    return old

@@ -1,0 +1,96 @@
+"""Writing QDQ: int8 weights behind DequantizeLinear, QuantizeLinear -> DequantizeLinear on activations."""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, Mapping, Optional
+
+import numpy as np
+
+from passctl.ir import Builder, DataType, Model, Node, TensorType, Value
+from passctl.passes.quantize.layers import QuantLayer
+from passctl.passes.quantize.scales import quantize_weight, weight_scales
+
+QDQ_MIN_OPSET = 13
+"""First opset whose QuantizeLinear / DequantizeLinear take ``axis`` (per-channel scales)."""
+
+WeightCache = Dict[int, tuple]
+"""Layer position -> (int8 codes, scales): weights are quantized once per pass run."""
+
+
+def quantized_weight(layer: QuantLayer, cache: Optional[WeightCache] = None) -> tuple:
+    """``(int8 codes, float32 scales [C])`` of ``layer.weight`` (:func:`weight_scales`,
+    :func:`quantize_weight`), cached by layer position."""
+    if cache is not None and layer.position in cache:
+        return cache[layer.position]
+    scales = weight_scales(layer.weight, layer.axis)
+    result = (quantize_weight(layer.weight, scales, layer.axis), scales)
+    if cache is not None:
+        cache[layer.position] = result
+    return result
+
+
+def _typed(value: Value, dtype: DataType, like: Optional[Value]) -> Value:
+    value.type = TensorType(dtype, like.shape if like is not None else None)
+    return value
+
+
+def dequantized_weight(b: Builder, layer: QuantLayer, cache: Optional[WeightCache] = None) -> Value:
+    """``DequantizeLinear(int8 W, scale [C], zero point int8 0 [C], axis)`` built with ``b``; the
+    int8 codes are a new initializer named after the layer.
+
+    Returns:
+        the float32 weight value (shape of ``layer.weight``) the layer reads instead.
+    """
+    codes, scales = quantized_weight(layer, cache)
+    graph = b.graph
+    base = layer.name.replace("/", "_")
+    q = graph.add_constant(codes, f"{base}_w_int8")
+    s = graph.add_constant(scales, f"{base}_w_scale")
+    z = graph.add_constant(np.zeros(scales.shape, np.int8), f"{base}_w_zero_point")
+    out = b.op("DequantizeLinear", q, s, z, axis=layer.axis, name=f"{base}_w_dq",
+               output_names=[f"{base}_w_dq"])
+    out.type = TensorType(DataType.FLOAT, q.shape)
+    return out
+
+
+def fake_quantized(b: Builder, x: Value, scale: float) -> Value:
+    """``DequantizeLinear(QuantizeLinear(x, s, int8 0), s, int8 0)`` built with ``b``: ``x`` rounded
+    to the int8 grid of step ``s`` (per tensor, symmetric), float32 again."""
+    graph = b.graph
+    base = x.name.replace("/", "_")
+    s = graph.add_constant(np.array(scale, np.float32), f"{base}_scale")
+    z = graph.add_constant(np.array(0, np.int8), f"{base}_zero_point")
+    q = _typed(b.op("QuantizeLinear", x, s, z, name=f"{base}_q", output_names=[f"{base}_int8"]),
+               DataType.INT8, x)
+    return _typed(b.op("DequantizeLinear", q, s, z, name=f"{base}_dq", output_names=[f"{base}_dq"]),
+                  DataType.FLOAT, x)
+
+
+def apply_qdq(model: Model, layers: Iterable[QuantLayer], act_scales: Mapping[str, float],
+              cache: Optional[WeightCache] = None) -> int:
+    """Quantize ``layers`` of ``model`` in place (QDQ format).
+
+    For each layer (by position in ``list(model.graph)``): the weight input reads
+    :func:`dequantized_weight`, the data input reads one shared :func:`fake_quantized` copy of the
+    activation (scale ``act_scales[name]``, zero point 0), built before the first quantized consumer.
+    Bias inputs (Conv's B, Gemm's C) stay float32. ONNX Runtime (QDQ node units) and TensorRT
+    (explicit quantization) fold these patterns into int8 kernels.
+
+    Returns:
+        the number of QuantizeLinear / DequantizeLinear nodes added.
+    """
+    graph = model.graph
+    nodes = list(graph)
+    shared: Dict[Value, Value] = {}
+    added = 0
+    for layer in sorted(layers, key=lambda l: l.position):
+        node: Node = nodes[layer.position]
+        b = Builder(graph, before=node, provenance=node.provenance)
+        x = node.inputs[layer.data_index]
+        if x not in shared:
+            shared[x] = fake_quantized(b, x, act_scales[x.name])
+            added += 2
+        node.set_input(layer.data_index, shared[x])
+        node.set_input(layer.weight_index, dequantized_weight(b, layer, cache))
+        added += 1
+    return added

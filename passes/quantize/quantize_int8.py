@@ -1,0 +1,204 @@
+"""quantize-int8: static post-training int8 quantization (QDQ) under an accuracy budget."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Literal
+
+from passctl.ir import Model
+from passctl.ir.errors import UserError
+from passctl.passes._snapshot import clone_model
+from passctl.passes.base import Pass, PassResult
+from passctl.passes.precision.amp import parse_dims
+from passctl.passes.precision.sensitivity import (METRICS, calibration_inputs, output_error, run_model,
+                                                  search_fp32_set)
+from passctl.passes.quantize.calibrate import calibrate, sensitivity
+from passctl.passes.quantize.layers import QUANTIZABLE, QuantLayer, find_layers
+from passctl.passes.quantize.opset import raise_opset
+from passctl.passes.quantize.qdq import QDQ_MIN_OPSET, WeightCache, apply_qdq
+from passctl.passes.registry import register_pass
+from passctl.targets.profiles import get_target
+
+logger = logging.getLogger(__name__)
+
+CALIBRATIONS = ("minmax", "percentile")
+MEASURED = "measured sensitivity"
+
+
+@register_pass
+class QuantizeInt8(Pass):
+    """Quantize Conv, MatMul (constant B) and Gemm to int8 in QDQ form, keeping float32 where the
+    accuracy budget needs it.
+
+    Rules:
+      1. Layers (``layers.find_layers``): Conv (and ONNX Runtime's FusedConv), MatMul with a
+         constant 2-D B, Gemm, with a float32 data input; nodes or op types named in ``exclude``
+         stay float32. Opsets below 13 are raised to 13 first (``opset.raise_opset``: per-channel
+         DequantizeLinear needs ``axis``).
+      2. Weights: symmetric per output channel (Conv axis 0, MatMul B ``[K, N]`` axis 1, Gemm
+         transB=1 axis 0), scale ``max |w| / 127``, zero point 0, stored as an int8 initializer read
+         through DequantizeLinear (``scales.weight_scales``). Biases stay float32.
+      3. Activations: each layer's data input gets QuantizeLinear -> DequantizeLinear, per tensor,
+         symmetric (zero point 0, as TensorRT requires), scale from the calibration feeds
+         (``calibration=minmax``: max |x| / 127; ``percentile``: the ``percentile``-th percentile
+         of |x| / 127), measured in one ONNX Runtime session with the inputs exposed as outputs
+         (``calibrate.calibrate``).
+      4. Budget: one more session measures each layer's own int8 error (``calibrate.sensitivity``,
+         its output with only that layer quantized, under ``metric``; ``max-rel`` ranks by max-rel,
+         the others by mean-rel). If the all-int8 model's output error on the calibration feeds is
+         over ``budget``, the most sensitive layers go back to float32 in ranking order: the
+         fewest leading layers that meet the budget, found by galloping + bisection over whole-model
+         runs (amp's ``search_fp32_set``; the same result as removing them one at a time when the
+         error falls as layers return to float, in about 2 log2(k) + 2 runs instead of k).
+
+    Statistics: ``target``, ``calibration``, ``percentile``, ``calibration_feeds``, ``budget``,
+    ``metric``, ``error`` (measured on the calibration feeds for the written graph),
+    ``within_budget``, ``quantized_layers``, ``float_layers``, ``layers`` (name, op, precision,
+    why, max_rel, mean_rel), ``search``, ``opset_raised``, ``qdq_nodes``, ``weight_bytes_saved``.
+    """
+
+    name = "quantize-int8"
+    summary = "Static int8 post-training quantization (QDQ, symmetric) under an accuracy budget"
+
+    @dataclass
+    class Options:
+        """Options of quantize-int8 (the ``quantize`` alias).
+
+        Attributes:
+            calibration: ``minmax`` or ``percentile`` (activation ranges).
+            percentile: percentile of |x| for ``calibration=percentile``, in (0, 100].
+            budget: largest model-output error allowed under ``metric`` (calibration feeds).
+            metric: ``max-rel``, ``mean-rel`` or ``cosine`` (as amp, worst over outputs and feeds).
+            calib: folder of ``.npz`` calibration feeds (arrays by graph input name); empty: random.
+            samples: number of seeded random feeds when ``calib`` is empty.
+            seed: seed of the first random feed.
+            dims: sizes of symbolic input dimensions for random feeds, e.g. ``x[2]=64;x[3]=64``.
+            exclude: comma-separated node names or op types that stay float32.
+            target: target profile name (the pipeline's ``--target`` when built by the CLI).
+        """
+
+        calibration: Literal["minmax", "percentile"] = "minmax"
+        percentile: float = 99.99
+        budget: float = 2e-2
+        metric: Literal["max-rel", "mean-rel", "cosine"] = "mean-rel"
+        calib: str = ""
+        samples: int = 2
+        seed: int = 0
+        dims: str = ""
+        exclude: str = ""
+        target: str = "cpu"
+
+    def _validate(self) -> None:
+        o = self.options
+        if o.calibration not in CALIBRATIONS:
+            raise UserError(f"quantize-int8: calibration={o.calibration} is unknown; use "
+                            f"{', '.join(CALIBRATIONS)}")
+        if o.metric not in METRICS:
+            raise UserError(f"quantize-int8: metric={o.metric} is unknown; use {', '.join(METRICS)}")
+        if not 0 < o.percentile <= 100:
+            raise UserError(f"quantize-int8: percentile={o.percentile:g} is outside (0, 100]; "
+                            "use e.g. percentile=99.99")
+        if not o.budget > 0 or math.isnan(o.budget):
+            raise UserError(f"quantize-int8: budget={o.budget:g} must be a positive error such as 2e-2")
+        if o.samples < 1:
+            raise UserError(f"quantize-int8: samples={o.samples} must be at least 1")
+
+    def _exclude(self, model: Model) -> List[str]:
+        """The ``exclude`` entries; each must name a node (or a source node) or an op type.
+
+        Raises:
+            UserError: an entry matches nothing.
+        """
+        entries = [e.strip() for e in self.options.exclude.split(",") if e.strip()]
+        known = set(QUANTIZABLE)
+        for i, n in enumerate(model.graph):
+            known.update((n.name, n.op_type, *n.provenance))
+        for e in entries:
+            if e not in known:
+                raise UserError(f"quantize-int8: exclude entry '{e}' matches no node name or op type "
+                                f"of the model; give node names (passctl show MODEL) or op types "
+                                f"({', '.join(QUANTIZABLE)})")
+        return entries
+
+    def run(self, model: Model) -> PassResult:
+        o = self.options
+        self._validate()
+        target = get_target(o.target)
+        if not target.supports("int8") and target.is_gpu:
+            raise UserError(f"quantize-int8: target {target.name} ({target.description}) has no int8 "
+                            "tensor cores; use a Turing or newer GPU target or cpu")
+        exclude = self._exclude(model)
+        stats: Dict[str, Any] = {"target": {"target": target.name, "int8": "cpu kernels" if not
+                                            target.is_gpu else f"tensor cores ({target.sm})"},
+                                 "calibration": o.calibration, "budget": o.budget, "metric": o.metric}
+        if o.calibration == "percentile":
+            stats["percentile"] = o.percentile
+        layers, skipped = find_layers(model.graph, exclude)
+        if not layers:
+            stats.update(quantized_layers=0, float_layers=len(skipped), error=0.0,
+                         layers=[{"name": k, "precision": "fp32", "why": v} for k, v in skipped.items()])
+            logger.info("quantize-int8: no layer to quantize")
+            return PassResult(False, stats)
+        old_opset = raise_opset(model, QDQ_MIN_OPSET)
+        if old_opset != model.opset:
+            stats["opset_raised"] = [old_opset, model.opset]
+            layers, skipped = find_layers(model.graph, exclude)
+        feeds = self._feeds(model)
+        stats["calibration_feeds"] = len(feeds)
+        try:
+            scales, reference = calibrate(model, layers, feeds, o.calibration, o.percentile)
+        except Exception as e:  # the user's model or feeds, before passctl changed anything
+            raise UserError(f"quantize-int8: ONNX Runtime cannot run the float32 model on the "
+                            f"calibration feeds ({type(e).__name__}: {str(e).splitlines()[0][:300]}); "
+                            "fix the feeds (calib=, dims=)") from e
+        cache: WeightCache = {}
+        sens = sensitivity(model, layers, scales, feeds, cache)
+        own = sens.max_rel if o.metric == "max-rel" else sens.mean_rel
+        ranking = sorted(layers, key=lambda l: (-own[l.position], l.position))
+
+        def evaluate(k: int) -> float:
+            trial = clone_model(model)
+            apply_qdq(trial, ranking[k:], scales, cache)
+            return output_error(reference, run_model(trial, feeds), o.metric)
+
+        start = time.perf_counter()
+        result = search_fp32_set(ranking, evaluate, o.budget)
+        quantized = ranking[result.count:]
+        added = apply_qdq(model, quantized, scales, cache)
+        stats["search"] = {"seconds": round(time.perf_counter() - start, 3),
+                           "measure_seconds": round(sens.seconds, 3), "runs": len(result.history),
+                           "history": [[k, _round(e)] for k, e in result.history]}
+        why = {l.position: f"{MEASURED} (rank {r + 1})" for r, l in enumerate(ranking[:result.count])}
+        entries = [{"name": k, "op": "", "precision": "fp32", "why": v} for k, v in skipped.items()]
+        for l in sorted(layers, key=lambda l: l.position):
+            entry = {"name": l.name, "op": l.op, "precision": "fp32" if l.position in why else "int8",
+                     "max_rel": _round(sens.max_rel[l.position]),
+                     "mean_rel": _round(sens.mean_rel[l.position])}
+            if l.position in why:
+                entry["why"] = why[l.position]
+            entries.append(entry)
+        saved = sum(l.weight.nbytes - l.weight.size for l in quantized)
+        stats.update(error=_round(result.error), within_budget=result.within_budget,
+                     quantized_layers=len(quantized), float_layers=len(entries) - len(quantized),
+                     qdq_nodes=added, weight_bytes_saved=int(saved), layers=entries)
+        if not result.within_budget:
+            logger.warning("quantize-int8: budget %g is met only with every layer in float32", o.budget)
+        logger.info("quantize-int8: %d layers int8, %d float32, %s %.3g", len(quantized),
+                    stats["float_layers"], o.metric, result.error)
+        return PassResult(bool(quantized) or "opset_raised" in stats, stats)
+
+    def _feeds(self, model: Model):
+        o = self.options
+        try:
+            return calibration_inputs(model, o.calib, o.samples, o.seed, parse_dims(o.dims))
+        except UserError as e:  # amp's helpers word their errors for amp
+            text = str(e)
+            raise UserError("quantize-int8: " + (text[5:] if text.startswith("amp: ") else text)) from e
+
+
+def _round(x: float) -> Any:
+    """4 significant digits for the report; inf and NaN as strings (report.json is strict JSON)."""
+    return float(f"{x:.4g}") if math.isfinite(x) else str(x)
