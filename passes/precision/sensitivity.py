@@ -14,6 +14,7 @@ import numpy as np
 
 from passctl.ir import Attr, AttrType, DataType, Model, Node, Shape, TensorType, Value, save, to_onnx
 from passctl.ir.errors import UserError
+from passctl.ir.onnx_protos import ProtoBuilder
 from passctl.passes._snapshot import clone_model
 from passctl.passes.precision.ops import float_inputs
 
@@ -22,6 +23,11 @@ logger = logging.getLogger(__name__)
 METRICS = ("max-rel", "mean-rel", "cosine")
 EMBED_LIMIT = 1_500_000_000
 """Weight bytes from which :func:`run_model` saves the model with external data instead of in memory."""
+INJECT_MIN_BYTES = 1024
+"""Initializer size from which :func:`run_model` passes the data to ONNX Runtime as an ``OrtValue``
+instead of serializing it into the model bytes."""
+_IN_MEMORY = "passctl-in-memory-initializer"
+"""External-data location written for those initializers (never read: ONNX Runtime gets the data)."""
 Feeds = List[Dict[str, np.ndarray]]
 
 
@@ -68,14 +74,18 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     """Run ``model`` (IR) on ONNX Runtime's CPU EP for every feed (:func:`passctl.tools.check.cpu_session`).
 
     Graph optimizations are off (``ORT_DISABLE_ALL``) so the Casts that round to low precision are
-    executed as written. Models with :data:`EMBED_LIMIT` bytes of weights or more are written to a
-    temporary folder with external data first.
+    executed as written. Initializers of :data:`INJECT_MIN_BYTES` or more are not serialized: the
+    model bytes mark them as external data and ONNX Runtime receives their arrays as ``OrtValue``s
+    (``SessionOptions.add_external_initializers``), which saves a copy of every weight per run (the
+    search runs the model once per candidate assignment). Models that still hold :data:`EMBED_LIMIT`
+    bytes of weights or more in the proto are written to a temporary folder with external data first.
     """
     from passctl.tools.check import cpu_session
 
-    weights = sum(v.const.nbytes for v in model.graph.initializers.values() if v.const is not None)
-    if weights < EMBED_LIMIT:
-        session = cpu_session(to_onnx(model).SerializeToString(), threads=threads)
+    plan, values, embedded = _external_initializers(model)
+    if embedded < EMBED_LIMIT:
+        proto = ProtoBuilder(external=plan, location=_IN_MEMORY).model(model)
+        session = cpu_session(proto.SerializeToString(), threads=threads, external_initializers=values)
     else:  # protobuf's 2 GB limit: weights in an external data file next to a temporary model
         with tempfile.TemporaryDirectory(prefix="passctl-amp-") as folder:
             path = os.path.join(folder, "model.onnx")
@@ -84,6 +94,49 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     names = list(outputs) if outputs is not None else [o.name for o in session.get_outputs()]
     wanted = [i.name for i in session.get_inputs()]
     return [dict(zip(names, session.run(names, {n: f[n] for n in wanted}))) for f in feeds]
+
+
+def _external_initializers(model: Model) -> Tuple[Dict[int, Tuple[int, int]], Dict[str, object], int]:
+    """Which main-graph initializers :func:`run_model` hands to ONNX Runtime as ``OrtValue``s.
+
+    Returns:
+        ``({id(tensor): (0, nbytes)}`` for ``ProtoBuilder(external=...)``, ``{initializer name:
+        OrtValue}``, bytes of initializer data left embedded in the proto``)``. Tensors also held by
+        a node attribute (a Constant's value) or a subgraph initializer stay embedded, since the plan
+        is keyed by tensor.
+    """
+    import onnxruntime as ort
+
+    graph = model.graph
+    elsewhere = set()  # tensors also written outside the main graph's initializer list
+    for n in graph.all_nodes():
+        elsewhere.update(id(a.value) for a in n.attributes.values()
+                         if a.type == AttrType.TENSOR and a.value is not None)
+        for sub in n.subgraphs():
+            elsewhere.update(id(u.const) for u in sub.initializers.values())
+    plan: Dict[int, Tuple[int, int]] = {}
+    values: Dict[str, object] = {}
+    embedded = 0
+    for v in graph.initializers.values():
+        t = v.const
+        if t is None:
+            continue
+        value = None
+        if (t.nbytes >= INJECT_MIN_BYTES and id(t) not in elsewhere and t.source_proto is None
+                and t.dtype != DataType.STRING and not t.dtype.is_packed):
+            arr = np.ascontiguousarray(t.numpy())
+            if arr.dtype.byteorder != ">":
+                if arr.dtype.kind in "biuf":
+                    value = ort.OrtValue.ortvalue_from_numpy(arr)
+                else:  # ml_dtypes types (bfloat16, float8): raw bits with the ONNX element type
+                    value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                        arr.view(f"u{arr.dtype.itemsize}"), int(t.dtype))
+        if value is None:
+            embedded += t.nbytes
+            continue
+        plan[id(t)] = (0, t.nbytes)
+        values[v.name] = value
+    return plan, values, embedded
 
 
 @dataclass
