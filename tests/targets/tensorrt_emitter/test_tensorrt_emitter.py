@@ -241,3 +241,24 @@ def test_amp_layers_are_recorded_per_precision(tmp_path):
             for node in proto.graph.node}
     assert {layer["output"]: layer["precision"] for layer in table["layers"]} == want
     assert table["summary"].get("float16", 0) >= 1 and table["summary"]["float32"] >= 1
+
+
+@pytest.mark.slow
+def test_minilm_amp_for_tensorrt_matches_the_original(tmp_path):
+    """MiniLM (real weights) through cleanup,fuse,flash-attn,amp for a10: every op passes TensorRT's
+    support matrix, the fp16 layers are in precision.json, and model.onnx stays within amp's budget
+    of the original at the profile's OPT sizes (ONNX Runtime on both)."""
+    from corpus import corpus_path
+    from passctl.tools.inputs import make_inputs
+
+    source = corpus_path("minilm_legacy")
+    model = load(source)
+    PassManager(build_pipeline("cleanup,fuse,flash-attn,amp", "a10", "tensorrt")).run(model)
+    out = tmp_path / "minilm"
+    TensorRTEmitter(shapes="batch=1:2:8,sequence=16:64:256").emit(model, get_target("a10"), str(out))
+    table = json.load(open(out / "precision.json"))
+    assert table["summary"]["float16"] > 100 and table["summary"]["float32"] >= 1
+    feeds = make_inputs(source, seed=1, dim_values={"batch": 2, "sequence": 64})
+    for want, got in zip(_run(source, feeds), _run(str(out / "model.onnx"), feeds)):
+        got = got.astype(np.float64)
+        assert np.abs(got - want).sum() / np.abs(want).sum() <= 1e-2  # amp's default budget (mean-rel)
