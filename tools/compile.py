@@ -183,20 +183,22 @@ def _check_output_path(out: str, model_path: str) -> None:
 
 
 def _default_rtol(args, flat, console) -> None:
-    """Set ``args.rtol`` when ``--rtol`` was not given: the amp pass's ``budget`` when the
-    pipeline (``flat``: its passes, fixpoint groups flattened) has amp (``mixed-precision``; its
-    outputs are meant to differ that much), else :data:`passctl.tools.check.DEFAULT_RTOL`. Says so
+    """Set ``args.rtol`` when ``--rtol`` was not given: the largest ``budget`` of the pipeline's
+    amp (``mixed-precision``) and ``quantize-int8`` passes (``flat``: its passes, fixpoint groups
+    flattened; their outputs are meant to differ that much), else :data:`passctl.tools.check.DEFAULT_RTOL`. Says so
     on stderr when it uses the budget."""
     from passctl.tools.check import DEFAULT_RTOL
 
     if args.rtol is not None:
         return
     args.rtol = DEFAULT_RTOL
+    source = "amp"
     for p in flat:
-        if p.name == "mixed-precision":
-            args.rtol = max(DEFAULT_RTOL, float(p.options.budget))
+        if p.name in ("mixed-precision", "quantize-int8"):
+            args.rtol = max(args.rtol, float(p.options.budget))
+            source = "amp" if p.name == "mixed-precision" else "quantize"
     if args.rtol != DEFAULT_RTOL and (args.check or args.check_each) and not args.quiet:
-        console.print(f"note: the check accepts rtol {args.rtol:g}, the amp pass's budget "
+        console.print(f"note: the check accepts rtol {args.rtol:g}, the {source} pass's budget "
                       "(give --rtol to change it)", markup=False, highlight=False)
 
 

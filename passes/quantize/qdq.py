@@ -91,6 +91,21 @@ def apply_qdq(model: Model, layers: Iterable[QuantLayer], act_scales: Mapping[st
             shared[x] = fake_quantized(b, x, act_scales[x.name])
             added += 2
         node.set_input(layer.data_index, shared[x])
+        old = node.inputs[layer.weight_index]
         node.set_input(layer.weight_index, dequantized_weight(b, layer, cache))
         added += 1
+        _drop_if_unused(model, old)
     return added
+
+
+def _drop_if_unused(model: Model, weight: Value) -> None:
+    """Remove the float weight a layer no longer reads when nothing else does (initializer or
+    Constant node), so the graph handed to ONNX Runtime holds no dead initializers (ONNX Runtime
+    drops those at load, and ``run_model`` hands initializers over by name)."""
+    if weight.uses() or weight.is_graph_output():
+        return
+    graph = model.graph
+    if weight.is_initializer() and not weight.is_graph_input() and weight.name in graph.initializers:
+        graph.remove_initializer(weight.name)
+    elif weight.producer is not None and weight.producer.op_type == "Constant":
+        graph.remove(weight.producer)

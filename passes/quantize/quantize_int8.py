@@ -76,7 +76,8 @@ class QuantizeInt8(Pass):
             samples: number of seeded random feeds when ``calib`` is empty.
             seed: seed of the first random feed.
             dims: sizes of symbolic input dimensions for random feeds, e.g. ``x[2]=64;x[3]=64``.
-            exclude: comma-separated node names or op types that stay float32.
+            exclude: node names or op types that stay float32, separated by ``;`` or by commas in
+                quotes (``exclude='conv1,Gemm'``).
             target: target profile name (the pipeline's ``--target`` when built by the CLI).
         """
 
@@ -112,7 +113,7 @@ class QuantizeInt8(Pass):
         Raises:
             UserError: an entry matches nothing.
         """
-        entries = [e.strip() for e in self.options.exclude.split(",") if e.strip()]
+        entries = [e.strip() for e in self.options.exclude.replace(";", ",").split(",") if e.strip()]
         known = set(QUANTIZABLE)
         for i, n in enumerate(model.graph):
             known.update((n.name, n.op_type, *n.provenance))

@@ -1,0 +1,185 @@
+"""quantize-int8 on a small Conv/MatMul/Gemm graph: scales against numpy, QDQ numerics, budget, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from passctl.ir import from_onnx, to_onnx
+from passctl.ir.errors import UserError
+from passctl.passes import PassManager, build_pipeline
+from passctl.passes.pipeline_text import PipelineSyntaxError
+from passctl.targets.tensorrt.support import check_support
+
+
+def _small_model() -> onnx.ModelProto:
+    """x [1, 3, 8, 8] -> Conv(4, 3x3, channel 2 all zero) -> Relu -> GlobalAveragePool -> Flatten
+    -> MatMul [4, 6] -> Gemm(transB=1, [5, 6]) -> y [1, 5]."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32)
+    w[2] = 0.0
+    inits = [numpy_helper.from_array(w, "W"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 4).astype(np.float32), "B"),
+             numpy_helper.from_array(rng.normal(0, 1.0, (4, 6)).astype(np.float32), "M"),
+             numpy_helper.from_array(rng.normal(0, 1.0, (5, 6)).astype(np.float32), "G"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 5).astype(np.float32), "C")]
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+             helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "M"], ["m"], name="matmul"),
+             helper.make_node("Gemm", ["m", "G", "C"], ["y"], name="gemm", transB=1)]
+    graph = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _quantize(proto: onnx.ModelProto, options: str = "", target: str = "cpu"):
+    model = from_onnx(proto)
+    result = PassManager(build_pipeline(f"quantize{{{options}}}" if options else "quantize",
+                                        target)).run(model)
+    stats = next(r.stats for r in result.records if r.name == "quantize-int8")
+    return model, to_onnx(model), stats
+
+
+def _run(proto: onnx.ModelProto, feed):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(proto.SerializeToString(), options).run(None, feed)[0]
+
+
+def _feeds(count: int = 2, seed: int = 0):
+    """What calibration_inputs draws for samples=count (make_inputs: floats in [-1, 1))."""
+    from passctl.tools.inputs import make_inputs
+
+    return [make_inputs(_small_model(), seed=seed + k) for k in range(count)]
+
+
+def _dq_of(proto: onnx.ModelProto, consumer: str, index: int):
+    """(int8 codes, scale, zero point, axis) of the DequantizeLinear feeding ``consumer`` input."""
+    node = next(n for n in proto.graph.node if n.name == consumer)
+    produced = {o: n for n in proto.graph.node for o in n.output}
+    dq = produced[node.input[index]]
+    assert dq.op_type == "DequantizeLinear"
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+    source = inits.get(dq.input[0])
+    if source is None:  # an activation: QuantizeLinear before it
+        source = produced[dq.input[0]]
+    return source, inits[dq.input[1]], inits[dq.input[2]], axis
+
+
+def test_weight_scales_and_zero_points_match_numpy():
+    original = _small_model()
+    _, proto, stats = _quantize(original, "budget=10")
+    assert stats["quantized_layers"] == 3 and stats["float_layers"] == 0
+    weights = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
+    for consumer, name, axis in (("conv", "W", 0), ("matmul", "M", 1), ("gemm", "G", 0)):
+        codes, scale, zero, got_axis = _dq_of(proto, consumer, 1)
+        w = weights[name].astype(np.float64)
+        other = tuple(i for i in range(w.ndim) if i != axis)
+        want_scale = np.abs(w).max(axis=other) / 127.0
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        assert got_axis == axis and codes.dtype == np.int8 and codes.shape == w.shape
+        assert zero.dtype == np.int8 and not zero.any() and zero.shape == scale.shape
+        live = want_scale > 0
+        np.testing.assert_allclose(scale[live], want_scale[live], rtol=1e-6)
+        assert (scale > 0).all()  # the all-zero Conv channel still gets a positive scale
+        want_codes = np.clip(np.rint(w / np.where(live, want_scale, 1).reshape(shape)), -127, 127)
+        assert np.abs(codes.astype(np.int64) - want_codes).max() <= 1  # float32 vs float64 ties
+        assert (codes[2] == 0).all() if name == "W" else True
+    biases = {n.name: n.input[2] for n in proto.graph.node if n.op_type in ("Conv", "Gemm")}
+    inits = {i.name: i for i in proto.graph.initializer}
+    assert all(inits[b].data_type == TensorProto.FLOAT for b in biases.values())  # bias stays float32
+
+
+@pytest.mark.parametrize("calibration", ["minmax", "percentile"])
+def test_activation_scales_from_calibration(calibration):
+    original = _small_model()
+    _, proto, stats = _quantize(original, f"budget=10,calibration={calibration},percentile=90")
+    feeds = _feeds()
+    x = np.concatenate([np.abs(f["x"]).ravel() for f in feeds])
+    q, scale, zero, _ = _dq_of(proto, "conv", 0)
+    assert q.op_type == "QuantizeLinear" and zero.dtype == np.int8 and zero == 0
+    want = (x.max() if calibration == "minmax" else np.percentile(x, 90)) / 127.0
+    np.testing.assert_allclose(float(scale), want, rtol=1e-6)
+    # the MatMul's input: the model's own intermediate value, computed by ONNX Runtime here
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(original)
+    exposed.graph.output.append(helper.make_tensor_value_info("f", TensorProto.FLOAT, None))
+    f = np.concatenate([np.abs(ort.InferenceSession(exposed.SerializeToString()).run(["f"], feed)[0]).ravel()
+                        for feed in feeds])
+    _, scale_f, _, _ = _dq_of(proto, "matmul", 0)
+    want_f = (f.max() if calibration == "minmax" else np.percentile(f, 90)) / 127.0
+    np.testing.assert_allclose(float(scale_f), want_f, rtol=1e-5)
+    assert stats["calibration"] == calibration and stats["calibration_feeds"] == 2
+
+
+def test_qdq_model_runs_and_error_is_the_reported_one():
+    original = _small_model()
+    _, proto, stats = _quantize(original, "budget=10,metric=mean-rel")
+    onnx.checker.check_model(proto)
+    worst = 0.0
+    for feed in _feeds():
+        r, c = _run(original, feed).astype(np.float64), _run(proto, feed).astype(np.float64)
+        worst = max(worst, np.abs(r - c).sum() / np.abs(r).sum())
+    assert worst > 0  # it did quantize
+    assert worst == pytest.approx(stats["error"], rel=1e-3)  # the reported error is the measured one
+    # ONNX Runtime with its QDQ fusions (int8 kernels) computes the same graph
+    fused = ort.InferenceSession(proto.SerializeToString()).run(None, _feeds()[0])[0]
+    np.testing.assert_allclose(fused, _run(proto, _feeds()[0]), rtol=1e-3, atol=1e-4)
+
+
+def test_tiny_budget_puts_layers_back_to_float():
+    original = _small_model()
+    _, loose, loose_stats = _quantize(original, "budget=10")
+    _, proto, stats = _quantize(original, "budget=1e-4,metric=max-rel")
+    assert loose_stats["error"] > 1e-4  # all-int8 misses the tiny budget ...
+    assert stats["float_layers"] >= 1 and stats["error"] <= 1e-4 and stats["within_budget"]
+    kept = [l for l in stats["layers"] if l["precision"] == "fp32"]
+    assert all(l["why"].startswith("measured sensitivity (rank") for l in kept)
+    worst = 0.0
+    for feed in _feeds():
+        r, c = _run(original, feed).astype(np.float64), _run(proto, feed).astype(np.float64)
+        worst = max(worst, np.abs(r - c).max() / np.abs(r).max())
+    assert worst <= 1e-4 and worst == pytest.approx(stats["error"], rel=1e-3, abs=1e-9)
+    dq_consumers = {n.name for n in proto.graph.node for i in n.input
+                    if any(o == i for d in proto.graph.node if d.op_type == "DequantizeLinear"
+                           for o in d.output)}
+    assert not dq_consumers & {l["name"] for l in kept}  # float layers read no DequantizeLinear
+
+
+@pytest.mark.parametrize("exclude", ["'conv,Gemm'", "conv;Gemm"])
+def test_exclude_by_name_and_op_type(exclude):
+    _, proto, stats = _quantize(_small_model(), f"budget=10,exclude={exclude}")
+    kept = {l["name"]: l["why"] for l in stats["layers"] if l["precision"] == "fp32"}
+    assert kept == {"conv": "excluded (exclude option)", "gemm": "excluded (exclude option)"}
+    assert [n.op_type for n in proto.graph.node].count("QuantizeLinear") == 1
+
+
+@pytest.mark.parametrize("options,message", [
+    ("percentile=0", "percentile=0 is outside (0, 100]"),
+    ("budget=0", "budget=0 must be a positive error"),
+    ("samples=0", "samples=0 must be at least 1"),
+    ("exclude=convv", "exclude entry 'convv' matches no node name or op type"),
+    ("calib=/nonexistent", "calib=/nonexistent holds no .npz files"),
+])
+def test_bad_options_are_one_line_user_errors(options, message):
+    with pytest.raises(UserError) as info:
+        _quantize(_small_model(), options)
+    text = str(info.value)
+    assert message in text and "\n" not in text and text.startswith("quantize-int8: ")
+
+
+def test_unknown_calibration_is_a_pipeline_error():
+    with pytest.raises(PipelineSyntaxError, match="expects one of minmax, percentile"):
+        build_pipeline("quantize{calibration=entropy}")
+
+
+def test_qdq_graph_passes_tensorrt_support_check():
+    model, _, _ = _quantize(_small_model(), "budget=10", target="a10")
+    assert check_support(model) == []
