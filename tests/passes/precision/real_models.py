@@ -88,24 +88,29 @@ def smollm2_token_ids() -> np.ndarray:
     return ids
 
 
-def perplexity(model, ids: np.ndarray, window: int = WINDOW) -> float:
+def perplexity(model, ids: np.ndarray, window: int = WINDOW, batch: int = 8) -> float:
     """exp(mean negative log-likelihood) of each token given the earlier tokens of its window.
 
     The text is cut into consecutive windows of ``window`` tokens (the last one shorter); inside a
     window, token t is predicted from tokens 0..t-1 (``logits[t-1]``); natural log, computed in float64.
+    ``model`` is a path, a ModelProto or an ``ort.InferenceSession`` (:func:`session`). Up to ``batch``
+    full windows run as one batch (rows are independent: the same logits as one run per window).
     """
-    s = session(model)
+    s = model if isinstance(model, ort.InferenceSession) else session(model)
+    full = len(ids) // window
+    runs = [ids[start * window:min(start + batch, full) * window].reshape(-1, window)
+            for start in range(0, full, batch)]
+    if len(ids) - full * window >= 2:
+        runs.append(ids[full * window:][None])
     nll, count = 0.0, 0
-    for start in range(0, len(ids), window):
-        w = ids[start:start + window][None]
-        if w.shape[1] < 2:
-            continue
-        logits = s.run(["logits"], {"input_ids": w, "attention_mask": np.ones_like(w)})[0][0]
-        logits = logits.astype(np.float64)[:-1]
-        shifted = logits - logits.max(-1, keepdims=True)
-        logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-        nll -= logp[np.arange(w.shape[1] - 1), w[0, 1:]].sum()
-        count += w.shape[1] - 1
+    for w in runs:
+        logits = s.run(["logits"], {"input_ids": w, "attention_mask": np.ones_like(w)})[0]
+        for row, tokens in zip(logits, w):
+            shifted = row.astype(np.float64)[:-1]
+            shifted -= shifted.max(-1, keepdims=True)
+            log_sum = np.log(np.exp(shifted).sum(-1))
+            nll -= (shifted[np.arange(len(tokens) - 1), tokens[1:]] - log_sum).sum()
+            count += len(tokens) - 1
     return float(np.exp(nll / count))
 
 

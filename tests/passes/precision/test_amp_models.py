@@ -26,11 +26,12 @@ def _summary(stats) -> str:
             f"search {stats.get('search')}, measure {stats.get('measure_seconds')} s; fp32: {fp32}")
 
 
-def _same_with_ort_optimizations(candidate, feed, output: str, rtol: float):
-    """The emitted model also loads and runs with ORT_ENABLE_ALL (its fusions must accept the types)."""
+def _same_with_ort_optimizations(candidate, feed, output: str, rtol: float, plain_session=None):
+    """The emitted model also loads and runs with ORT_ENABLE_ALL (its fusions must accept the types);
+    ``plain_session``: an ORT_DISABLE_ALL session of ``candidate`` already built."""
     from real_models import session
 
-    plain = session(candidate).run([output], feed)[0]
+    plain = (plain_session or session(candidate)).run([output], feed)[0]
     optimized = session(candidate, optimize=True).run([output], feed)[0]
     assert np.abs(optimized - plain).max() <= rtol * np.abs(plain).max()
 
@@ -72,7 +73,7 @@ def test_minilm_fp16_sentence_embeddings(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_perplexity_fp16_bf16():
-    from real_models import cast_ping_pongs, perplexity, smollm2_token_ids
+    from real_models import cast_ping_pongs, perplexity, session, smollm2_token_ids
     from zoo import zoo_path
 
     ids = smollm2_token_ids()
@@ -87,11 +88,13 @@ def test_smollm2_perplexity_fp16_bf16():
         _every_fp32_node_says_why(stats)
         matmuls = [e for e in stats["nodes"] if e["op"] == "MatMul"]
         assert len(matmuls) >= 211 and sum(e["precision"] == dtype for e in matmuls) >= 200
+        plain = session(candidate)  # one ORT_DISABLE_ALL session for both checks below
         window = ids[None, :128]
         _same_with_ort_optimizations(candidate, {"input_ids": window,
-                                                 "attention_mask": np.ones_like(window)}, "logits", 0.1)
+                                                 "attention_mask": np.ones_like(window)}, "logits", 0.1,
+                                     plain)
         assert cast_ping_pongs(candidate) == 0
-        low = perplexity(candidate, ids)
+        low = perplexity(plain, ids)
         logger.info("SmolLM2 perplexity fp32 %.4f, %s %.4f (%+.3f%%)", fp32, dtype, low,
                     100 * (low / fp32 - 1))
         assert low != fp32 and low <= fp32 * 1.01
