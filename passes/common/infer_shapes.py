@@ -12,7 +12,7 @@ from typing import Dict, Iterator, Optional, Tuple
 import onnx
 import onnx.shape_inference
 
-from passctl.ir import Graph, Model, Shape, TensorType, Type, Value
+from passctl.ir import DataType, Graph, Model, Shape, TensorType, Type, Value
 from passctl.ir._types import type_from_proto
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.registry import register_pass
@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 # model goes through a temporary file with external data and onnx's path-based inference.
 _PROTO_LIMIT = 1_800_000_000
 _GENERATED = re.compile(r"^unk__\d+$")
+_LEAN_MIN_BYTES = 1024
+"""Float initializers from this size on reach onnx's inference without their data."""
+_FLOAT_TYPES = frozenset({DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16, DataType.DOUBLE})
 
 
 @register_pass
@@ -104,9 +107,7 @@ class InferShapes(Pass):
         return PassResult(stats["values_typed"] > 0, stats)
 
     def _infer_in_memory(self, model: Model) -> onnx.ModelProto:
-        from passctl.ir import to_onnx
-
-        proto = to_onnx(model)
+        proto = _proto_without_float_weights(model)
         _strip_declared_shapes(proto)
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False,
                                                      data_prop=self.options.data_prop)
@@ -133,6 +134,23 @@ class InferShapes(Pass):
                                                    strict_mode=False,
                                                    data_prop=self.options.data_prop)
             return onnx.load(out, load_external_data=False)
+
+
+def _proto_without_float_weights(model: Model) -> onnx.ModelProto:
+    """``model`` as an ONNX proto whose float initializers of :data:`_LEAN_MIN_BYTES` or more are
+    marked as external data (a location never read) instead of holding their bytes.
+
+    Shape inference reads only such an initializer's element type and dims: the ops whose inference
+    reads float input values (Resize/Upsample scales, Range bounds) take a few values, and data
+    propagation works on int64 shape values. So the weights are not copied into the proto, nor twice
+    more through onnx's C++ inference (SmolLM2-135M: 2.3 s -> 0.15 s, the same inferred types).
+    """
+    from passctl.ir.onnx_protos import ProtoBuilder
+
+    plan = {id(v.const): (0, v.const.nbytes) for v in model.graph.initializers.values()
+            if v.const is not None and v.const.source_proto is None
+            and v.const.dtype in _FLOAT_TYPES and v.const.nbytes >= _LEAN_MIN_BYTES}
+    return ProtoBuilder(external=plan, location="passctl-infer-shapes-unread").model(model)
 
 
 def merge_types(existing: Optional[Type], inferred: Optional[Type]) -> Tuple[Optional[Type], bool]:
