@@ -79,3 +79,32 @@ def test_ppocr_cls_quantize_meets_budget_and_falls_back(tmp_path, capsys):
     kept = [l for l in stats["layers"] if l["precision"] == "fp32"]
     assert kept and all("measured sensitivity" in l["why"] for l in kept)  # the all-int8 cls misses 1e-2
     assert stats["search"]["history"][0][0] == 0 and stats["search"]["history"][0][1] > 1e-2
+
+
+def test_minilm_matmuls_meet_the_budget(tmp_path):
+    # all-MiniLM-L6-v2 (real weights, cached export from tests/corpus.py): the 2-D weight MatMuls
+    from corpus import CORPUS
+    import onnxruntime as ort
+
+    from passctl.ir import load, save
+    from passctl.passes import PassManager, build_pipeline
+    from passctl.tools.inputs import make_inputs
+
+    path = CORPUS["minilm_legacy"].path
+    model = load(path)
+    result = PassManager(build_pipeline("quantize{dims=batch=1;sequence=16}")).run(model)
+    stats = next(r.stats for r in result.records if r.name == "quantize-int8")
+    save(model, str(tmp_path / "q.onnx"))
+    assert stats["quantized_layers"] >= 1 and stats["error"] <= 2e-2
+    assert {l["op"] for l in stats["layers"] if l["precision"] == "int8"} == {"MatMul"}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    worst = 0.0
+    for seed in (0, 1):  # the pass's random feeds: samples=2, seed=0
+        feed = make_inputs(path, seed=seed, dim_values={"batch": 1, "sequence": 16})
+        ref = ort.InferenceSession(path, options).run(None, feed)
+        got = ort.InferenceSession(str(tmp_path / "q.onnx"), options).run(None, feed)
+        for r, c in zip(ref, got):
+            r, c = r.astype(np.float64), c.astype(np.float64)
+            worst = max(worst, np.abs(r - c).sum() / np.abs(r).sum())
+    assert worst == pytest.approx(stats["error"], rel=1e-3)
