@@ -118,7 +118,7 @@ def cast_ping_pongs(model) -> int:
     """Cast pairs ``Cast(Cast(x, to=float), to=type(x))`` with x fp16/bf16 (an identity) in ``model``."""
     import onnx
 
-    types = elem_types(model)
+    types = elem_types(_without_weight_bytes(model))
     producer = {o: n for n in model.graph.node for o in n.output}
     low = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
     count = 0
@@ -131,3 +131,21 @@ def cast_ping_pongs(model) -> int:
         if mid == onnx.TensorProto.FLOAT and types.get(first.input[0]) == to and to in low:
             count += 1
     return count
+
+
+def _without_weight_bytes(model):
+    """A copy of ``model`` whose initializers of 1 KiB or more are external-data entries (never
+    read): ONNX shape inference then types the graph without copying the weights through C++ twice
+    (SmolLM2 bf16: 1.4 s -> 0.3 s, the same types)."""
+    import onnx
+
+    lean = onnx.ModelProto()
+    lean.CopyFrom(model)
+    for t in lean.graph.initializer:
+        size = len(t.raw_data)
+        if size >= 1024:
+            t.ClearField("raw_data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", "unread"), ("offset", "0"), ("length", str(size))):
+                t.external_data.add(key=key, value=value)
+    return lean
