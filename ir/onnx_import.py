@@ -9,7 +9,7 @@ from typing import Dict, Optional, Tuple, Union
 
 import onnx
 
-from passctl.ir._core import Attr, AttrType, Function, Graph, Model, Node, Value
+from passctl.ir._core import Attr, AttrType, Function, Graph, Model, Node, Value, implicit_inputs
 from passctl.ir._tensor import Tensor
 from passctl.ir._types import type_from_proto
 from passctl.ir.errors import ModelLoadError
@@ -128,6 +128,7 @@ class _Importer:
             g.add_input(v)
         infos = {vi.name: vi for vi in f.value_info}
         self._nodes(g, f.node, scope)
+        _sort_if_unordered(g, f"function '{f.domain}::{f.name}'")
         g.outputs.extend(scope.lookup(n) for n in f.output)
         self._apply_value_info(scope, infos)
         defaults = [self.attr(a, scope) for a in f.attribute_proto]
@@ -162,6 +163,7 @@ class _Importer:
             v.const = tensor
             g.add_initializer(v)
         self._nodes(g, gp.node, scope, path)
+        _sort_if_unordered(g, f"graph '{gp.name}'")
         self._apply_value_info(scope, infos)
         for vi in gp.output:  # an output's declared type wins over a value_info entry
             v = scope.lookup(vi.name)
@@ -296,6 +298,57 @@ class _Importer:
             if v.const is not None and v.graph is not None and name in v.graph.initializers:
                 continue  # set before add_initializer
             self._set_info(v, vi)
+
+
+def _sort_if_unordered(g: Graph, where: str) -> None:
+    """Sort ``g``'s nodes topologically if a node reads a value of ``g`` produced after it.
+
+    ONNX requires topological order, but ONNX Runtime sorts the nodes itself and runs such
+    models, so import sorts them too (the exported model is then in order). Subgraphs were
+    sorted when they were imported; their reads of ``g``'s values count as reads of the node
+    holding them.
+
+    Raises:
+        ValueError: the nodes form a cycle (no order exists); the message names the nodes on it.
+    """
+    nodes = list(g)
+    local = {o: n for n in nodes for o in n.outputs}
+    done = set()
+    in_order = True
+    for n in nodes:
+        for v in list(n.inputs) + implicit_inputs(n):
+            if v is not None and v in local and v not in done:
+                in_order = False
+                break
+        if not in_order:
+            break
+        done.update(n.outputs)
+    if in_order:
+        return
+    import networkx as nx
+
+    dg = nx.DiGraph()
+    dg.add_nodes_from(nodes)
+    for n in nodes:
+        for v in list(n.inputs) + implicit_inputs(n):
+            if v is not None and v in local:
+                dg.add_edge(local[v], n)
+    try:
+        cycle = nx.find_cycle(dg)
+    except nx.NetworkXNoCycle:
+        g.sort(recursive=False)
+        logger.info("%s: the nodes were not in topological order (ONNX Runtime accepts that); "
+                    "sorted them", where)
+        return
+    names = [_node_label(a, nodes) for a, _ in cycle] + [_node_label(cycle[0][0], nodes)]
+    raise ValueError(f"{where} has a cycle through nodes {' -> '.join(names)} (each reads an "
+                     "output of the one before), so no node order can run it; fix the exporter "
+                     "or edit the model to break the cycle")
+
+
+def _node_label(n: Node, nodes) -> str:
+    """A node's name, or ``OpType@index`` for a nameless node (as in provenance)."""
+    return n.name or f"{n.op_type}@{nodes.index(n)}"
 
 
 def _str(s: bytes):

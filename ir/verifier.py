@@ -248,7 +248,8 @@ class _GraphChecker:
         what = f"input {i} '%{v.name}' of {node!r}"
         if v in local:
             self.error(USE_BEFORE_DEF, f"{what} is used before its producer {v.producer!r} "
-                       "defines it (the nodes are not in topological order)", node, v.name,
+                       "defines it (the nodes are not in topological order; Graph.sort() orders "
+                       "them, unless they form a cycle)", node, v.name,
                        in_operands=True)
         elif v in outer_all:
             self.error(SUBGRAPH_SCOPE, f"{what} reads an outer-scope value that is defined after "
