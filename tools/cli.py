@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import traceback
@@ -77,9 +78,54 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
+def _tolerance(text: str) -> float:
+    """argparse type of ``--rtol`` / ``--atol``: a finite float >= 0 (NaN would pass every check)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a tolerance: give a finite number >= 0, "
+                                         "e.g. 1e-4")
+    return value
+
+
+def seed_value(text: str) -> int:
+    """argparse type of ``--seed``: an integer >= 0 (``numpy.random.default_rng`` refuses negatives)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a seed: give an integer >= 0, e.g. 0")
+    return value
+
+
+def _pipeline_text(text: str) -> str:
+    """argparse type of ``--pipeline``: not blank (an empty pipeline would emit the model unchanged
+    while the command line looks like it rewrote something)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the pipeline is empty: give passes, e.g. -p cleanup "
+                                         "(`passctl list-passes` lists them; -p dce only removes "
+                                         "dead code)")
+    return text
+
+
+def check_compile_args(args) -> None:
+    """Checks across compile options that argparse cannot express.
+
+    Raises:
+        UserError: ``--inputs`` without ``--check`` or ``--check-each`` (the arrays would be ignored).
+    """
+    if args.inputs and not (args.check or args.check_each):
+        raise UserError(f"--inputs '{args.inputs}' is used only by the numeric check and does not "
+                        "change the artifact (no calibration, no fixed shapes); add --check (or "
+                        "--check-each), or drop --inputs")
+
+
 def _add_compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="an .onnx file, IR text (.pir), or package:relative/path")
-    p.add_argument("--pipeline", "-p", default="cleanup",
+    p.add_argument("--pipeline", "-p", default="cleanup", type=_pipeline_text,
                    help="comma-separated passes and groups, e.g. 'cleanup,fuse-conv-bn' or "
                         "'fold-constants{size_limit=1024}' (default: cleanup)")
     p.add_argument("--target", "-t", default="cpu", help="target profile (see list-targets)")
@@ -90,17 +136,19 @@ def _add_compile_args(p: argparse.ArgumentParser) -> None:
                    "default: the target's default emitter)")
     p.add_argument("--check", action="store_true",
                    help="run the original and the result in ONNX Runtime on seeded inputs")
-    p.add_argument("--seed", type=int, default=0, help="seed of the check's random inputs")
-    p.add_argument("--rtol", type=float, default=None,
+    p.add_argument("--seed", type=seed_value, default=0,
+                   help="seed of the check's random inputs (>= 0)")
+    p.add_argument("--rtol", type=_tolerance, default=None,
                    help="largest relative error (max |a-b| / max |a|) the check accepts "
                         "(default 1e-4; with amp in the pipeline, the amp pass's budget)")
-    p.add_argument("--atol", type=float, default=2.4e-7,
+    p.add_argument("--atol", type=_tolerance, default=2.4e-7,
                    help="absolute error the check always accepts (default 2.4e-7: two float32 "
                         "ulps at 1.0, the step of ONNX Runtime's Sigmoid near 0)")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic input dimension for the check (repeatable)")
     p.add_argument("--inputs", metavar="FILE.npz",
-                   help="arrays by input name to use instead of random ones in the check")
+                   help="arrays by input name to use instead of random ones in the check "
+                        "(needs --check or --check-each)")
     p.add_argument("--dump-ir", metavar="DIR",
                    help="write NNN_<pass>.pir and .onnx after each pass")
     p.add_argument("--timing", action="store_true", help="print a pass timing table")
@@ -215,6 +263,7 @@ def _dispatch(args, argv: List[str], console) -> int:
     if args.command == "compile":
         from passctl.tools.compile import run_compile, write_crash_folder
 
+        check_compile_args(args)
         try:
             run_compile(args, argv, console)
         except (UserError, InternalError):

@@ -245,9 +245,12 @@ def make_inputs(model: Union[onnx.ModelProto, str], seed: int = 0,
         element types (e.g. ``float32``, ``int64``, ``bool``).
 
     Raises:
-        UserError: The file cannot be read, an override names no graph input, or an input without an
-            override is a string, a non-tensor, or has no declared shape.
+        UserError: ``seed`` is negative, the file cannot be read, an override names no graph input,
+            or an input without an override is a string, a non-tensor, or has no declared shape.
     """
+    if int(seed) < 0:
+        raise UserError(f"seed {seed}: a seed must be >= 0 (numpy.random.default_rng refuses "
+                        "negative seeds); give --seed 0 or another integer >= 0")
     proto = _load_header(model)
     dim_values = dict(dim_values or {})
     overrides = dict(overrides or {})

@@ -1,0 +1,59 @@
+"""Option values that make no sense are one-line user errors before any work (break-it findings 6, 11)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _assert_user_error(r, *words):
+    """rc 2, one ``passctl: error:`` line naming ``words``, no traceback."""
+    assert r.rc == 2, r.err
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("passctl: error: "), r.err
+    assert "Traceback" not in r.err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.mark.parametrize("option,value", [("--rtol", "-1"), ("--rtol", "nan"), ("--rtol", "inf"),
+                                          ("--atol", "-0.001"), ("--atol", "nan")])
+def test_bad_tolerance_is_exit_2(cli, conv_bn_model, tmp_path, option, value):
+    r = cli(conv_bn_model, "--check", option, value, "-o", tmp_path / "o", "-q")
+    _assert_user_error(r, option, value, ">= 0")
+    assert not (tmp_path / "o").exists()
+
+
+def test_zero_tolerances_are_accepted(cli, conv_bn_model, tmp_path):
+    # the conv_bn model passes unchanged under cleanup (no BN fold): errors are exactly 0
+    r = cli(conv_bn_model, "--check", "--rtol", "0", "--atol", "0", "-o", tmp_path / "o", "-q")
+    assert r.rc == 0, r.err
+
+
+def test_negative_seed_is_exit_2(cli, conv_bn_model, tmp_path):
+    r = cli(conv_bn_model, "--check", "--seed", "-1", "-o", tmp_path / "o", "-q")
+    _assert_user_error(r, "--seed", "-1", ">= 0")
+    assert not (tmp_path / "o").exists()
+
+
+def test_negative_seed_in_run_is_exit_2(cli, conv_bn_model, tmp_path):
+    assert cli(conv_bn_model, "-o", tmp_path / "art", "-q").rc == 0
+    r = cli("run", tmp_path / "art", "--seed", "-3", "--runs", "1")
+    _assert_user_error(r, "seed", "-3", ">= 0")
+
+
+@pytest.mark.parametrize("text", ["", "  "])
+def test_empty_pipeline_is_exit_2(cli, conv_bn_model, tmp_path, text):
+    r = cli(conv_bn_model, "-p", text, "-o", tmp_path / "o", "-q")
+    _assert_user_error(r, "--pipeline", "empty", "list-passes")
+    assert not (tmp_path / "o").exists()
+
+
+def test_inputs_without_check_is_exit_2(cli, conv_bn_model, tmp_path):
+    feeds = tmp_path / "x.npz"
+    np.savez(feeds, x=np.zeros((1, 3, 8, 8), np.float32))
+    r = cli(conv_bn_model, "--inputs", feeds, "-o", tmp_path / "o", "-q")
+    _assert_user_error(r, "--inputs", "--check")
+    assert not (tmp_path / "o").exists()
+    r = cli(conv_bn_model, "--inputs", feeds, "--check-each", "-o", tmp_path / "o", "-q")
+    assert r.rc == 0, r.err
