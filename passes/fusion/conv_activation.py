@@ -114,8 +114,10 @@ def _conv_attrs():
 
 
 def _fused_no_act():
-    return dict(_conv_attrs(), activation=AttrVar("activation", lambda v: v is None),
-                activation_params=AttrVar("activation_params", lambda v: v is None))
+    return dict(_conv_attrs(),
+                activation=AttrVar("activation", lambda v: v is None, describe="absent"),
+                activation_params=AttrVar("activation_params", lambda v: v is None,
+                                          describe="absent"))
 
 
 # How the convolution feeding the activation is written: Conv with or without bias, or a FusedConv

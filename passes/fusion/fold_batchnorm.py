@@ -25,8 +25,10 @@ def _bn(op, conv_out, scale, b, mean, var):
     """The inference BatchNormalization pattern (one output, training_mode 0, spatial 1)."""
     return op.BatchNormalization(conv_out, scale, b, mean, var,
                                  epsilon=AttrVar("epsilon", default=1e-5),
-                                 training_mode=AttrVar("training_mode", lambda v: not v, 0),
-                                 spatial=AttrVar("spatial", lambda v: v in (None, 1)))
+                                 training_mode=AttrVar("training_mode", lambda v: not v, 0,
+                                                       describe="0 (inference)"),
+                                 spatial=AttrVar("spatial", lambda v: v in (None, 1),
+                                                 describe="1 or absent"))
 
 
 class _FoldBnRule(RewriteRule):

@@ -26,51 +26,32 @@ class ValuePattern:
 @dataclass
 class AttrVar:
     """An attribute constraint: binds the attribute's value under ``name`` (``None`` when absent,
-    unless ``default`` is given) and, with ``check``, requires ``check(value)`` to be true."""
+    unless ``default`` is given) and, with ``check``, requires ``check(value)`` to be true.
+
+    ``describe`` says in words what ``check`` accepts (``"absent"``, ``"0 or absent"``); pattern
+    descriptions (``passctl explain``, ``list-rules``) print it instead of Python source.
+    """
 
     name: str
     check: Optional[Callable[[Any], bool]] = None
     default: Any = None
+    describe: Optional[str] = None
 
     def __repr__(self):
-        """``?name``, ``?name=default``, ``?name if <check>`` (a lambda's source, else its name)."""
+        """``?name``, ``?name=default``, ``?name if <what check accepts>``."""
         text = f"?{self.name}"
         if self.default is not None:
             text += f"={self.default!r}"
         if self.check is not None:
-            text += f" if {callable_text(self.check)}"
+            text += f" if {self.describe or callable_text(self.check)}"
         return text
 
 
 def callable_text(fn: Callable) -> str:
-    """Readable text of a check function: ``lambda v: v in (None, b"")`` for a lambda (its source
-    when available), else its ``__name__``; used by pattern descriptions."""
+    """Readable name of a check function without a description: its ``__name__`` (e.g.
+    ``is_positive``), or ``<predicate>`` for a lambda (Python source is not shown to users)."""
     name = getattr(fn, "__name__", None) or type(fn).__name__
-    if name != "<lambda>":
-        return name
-    import inspect
-
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return "lambda"
-    start = source.find("lambda")
-    if start < 0:
-        return "lambda"
-    depth, end = 0, len(source)
-    for i in range(start, len(source)):
-        ch = source[i]
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            if depth == 0:
-                end = i
-                break
-            depth -= 1
-        elif ch in ",\n" and depth == 0:
-            end = i
-            break
-    return " ".join(source[start:end].split())
+    return "<predicate>" if name == "<lambda>" else name
 
 
 class ConstantPattern:
@@ -262,7 +243,9 @@ class Matcher:
             if isinstance(want_attr, AttrVar):
                 got = want_attr.default if got is None else got
                 if want_attr.check is not None and not want_attr.check(got):
-                    self._fail(m, f"attribute {key}={got!r} of {_label(node)} fails the constraint", node)
+                    wants = want_attr.describe or callable_text(want_attr.check)
+                    self._fail(m, f"attribute {key}={got!r} of {_label(node)} fails the "
+                                  f"constraint (the pattern wants {wants})", node)
                     return
                 if want_attr.name in m.attrs and m.attrs[want_attr.name] != got:
                     self._fail(m, f"attribute {key} of {_label(node)} differs from the bound "

@@ -12,8 +12,10 @@ from passctl.passes.rewrite.ruleset import get_rule, list_rules
 def test_attrvar_repr_is_readable():
     assert repr(AttrVar("group")) == "?group"
     assert repr(AttrVar("axis", default=-1)) == "?axis=-1"
-    assert repr(AttrVar("activation", check=lambda v: v is None)) == \
-        "?activation if lambda v: v is None"
+    assert repr(AttrVar("activation", check=lambda v: v is None, describe="absent")) == \
+        "?activation if absent"
+    # a lambda without a description: no Python source in what users read
+    assert repr(AttrVar("activation", check=lambda v: v is None)) == "?activation if <predicate>"
 
     def positive(v):
         return v > 0
@@ -24,8 +26,39 @@ def test_attrvar_repr_is_readable():
 def test_explain_shows_no_python_object_dumps(cli, conv_bn_model):
     r = cli("explain", "conv-add-clip", conv_bn_model)
     assert r.rc == 0, r.err
-    assert "activation=?activation if lambda v: v is None" in r.out
-    assert "AttrVar(" not in r.out and "<function" not in r.out and " at 0x" not in r.out
+    assert "activation=?activation if absent" in r.out
+    assert "lambda" not in r.out and "AttrVar(" not in r.out and "<function" not in r.out and " at 0x" not in r.out
+
+
+def test_no_rule_pattern_shows_python_source(cli):
+    r = cli("list-rules")
+    assert r.rc == 0, r.err
+    assert "lambda" not in r.out and "<predicate>" not in r.out  # every built-in check is described
+    assert "training_mode=?training_mode=0 if 0 (inference)" in r.out
+    assert "spatial=?spatial if 1 or absent" in r.out
+
+
+def test_failed_constraint_says_what_the_pattern_wants(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from passctl.ir import from_onnx
+    from passctl.passes.rewrite import explain
+
+    f = TensorProto.FLOAT
+    inits = [helper.make_tensor(n, f, [2], [1.0, 2.0]) for n in ("s", "b", "m", "v")]
+    inits.append(helper.make_tensor("w", f, [2, 2, 1, 1], [1.0, 0.0, 0.0, 1.0]))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"], name="bn",
+                              spatial=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f, [1, 2, 3, 3])],
+                              [helper.make_tensor_value_info("y", f, [1, 2, 3, 3])], inits)
+    model = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 7)]))
+    rule = next(cls.name for cls in list_rules() if "BatchNormalization(Conv(" in
+                cls().describe_pattern())
+    text = str(explain(rule, model))
+    assert "attribute spatial=0" in text and "the pattern wants 1 or absent" in text, text
+    assert "lambda" not in text
 
 
 def test_unknown_rule_without_close_match_points_to_list_rules(cli, conv_bn_model):
