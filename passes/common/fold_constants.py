@@ -12,6 +12,7 @@ import onnx.helper
 from onnx.reference import ReferenceEvaluator
 
 from passctl.ir import DataType, Graph, Model, Node, Shape, Tensor, TensorType
+from passctl.ir.errors import UserError
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.common.constants import (attr_to_proto, constant_node_array, constant_tensor,
                                              is_pure)
@@ -57,12 +58,18 @@ class FoldConstants(Pass):
         """Options of fold-constants.
 
         Attributes:
-            size_limit: largest folded result, in bytes (summed over a node's outputs).
+            size_limit: largest folded result, in bytes (summed over a node's outputs); >= 0.
             fold_dequantize: also fold DequantizeLinear of constant (quantized) weights.
         """
 
         size_limit: int = 1 << 20
         fold_dequantize: bool = False
+
+        def __post_init__(self) -> None:
+            """Raises UserError: ``size_limit`` is negative (it would silently fold nothing)."""
+            if self.size_limit < 0:
+                raise UserError(f"fold-constants: size_limit={self.size_limit} must be >= 0 bytes "
+                                "(0 only lifts Constant nodes; the default is 1048576)")
 
     def run(self, model: Model) -> PassResult:
         self._model = model

@@ -57,3 +57,29 @@ def test_inputs_without_check_is_exit_2(cli, conv_bn_model, tmp_path):
     assert not (tmp_path / "o").exists()
     r = cli(conv_bn_model, "--inputs", feeds, "--check-each", "-o", tmp_path / "o", "-q")
     assert r.rc == 0, r.err
+
+
+@pytest.mark.parametrize("pipeline", ["fold-constants{size_limit=-5}", "cleanup{size_limit=-5}"])
+def test_negative_fold_size_limit_is_exit_2(cli, conv_bn_model, tmp_path, pipeline):
+    r = cli(conv_bn_model, "-p", pipeline, "-o", tmp_path / "o", "-q")
+    _assert_user_error(r, "fold-constants", "size_limit=-5", ">= 0")
+    assert not (tmp_path / "o").exists()
+
+
+def test_fold_size_limit_zero_folds_nothing_but_lifts(cli, tmp_path):
+    """size_limit=0 is valid: Constant nodes are lifted, no computed result is small enough."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Constant", [], ["c"], name="c0",
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [2], [1.0, 4.0])),
+             helper.make_node("Sqrt", ["c"], ["s"], name="sqrt0"),
+             helper.make_node("Add", ["x", "s"], ["y"], name="add0")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    r = cli(path, "-p", "fold-constants{size_limit=0}", "--check", "-o", tmp_path / "o", "-q")
+    assert r.rc == 0, r.err
+    out = onnx.load(str(tmp_path / "o" / "model.onnx"))
+    assert [n.op_type for n in out.graph.node] == ["Sqrt", "Add"]
