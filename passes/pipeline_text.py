@@ -8,7 +8,7 @@ import enum
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Type
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 from passctl.ir.errors import UserError
 from passctl.passes.base import Pass
@@ -162,6 +162,7 @@ class _Parser:
             for k, t in _field_types(c).items():
                 types.setdefault(k, t)
         opts: Dict[str, Any] = {}
+        prev: Optional[Tuple[str, str]] = None  # the last option read and its raw value
         self.skip_ws()
         if self.peek() == "}":
             self.pos += 1
@@ -179,6 +180,8 @@ class _Parser:
                     raise self.error(f"pass '{name}' takes no options", kstart)
                 close = difflib.get_close_matches(key, list(types), n=1)
                 hint = f"did you mean '{close[0]}'? " if close else ""
+                if not close and prev is not None:
+                    hint = self._quote_hint(prev, kstart)
                 raise self.error(f"pass '{name}' has no option '{key}'; {hint}"
                                  f"known options: {', '.join(types)}", kstart)
             if key in opts:
@@ -194,6 +197,7 @@ class _Parser:
                 opts[key] = _convert(raw, types[key])
             except ValueError as e:
                 raise self.error(f"option '{key}' of '{name}' expects {e}, got '{raw}'", vstart) from None
+            prev = (key, raw)
             self.skip_ws()
             if self.peek() == "}":
                 self.pos += 1
@@ -201,6 +205,17 @@ class _Parser:
             if self.peek() != ",":
                 raise self.error(f"expected ',' or '}}' after the value of '{key}', found {self.found()}")
             self.pos += 1
+
+    def _quote_hint(self, prev: Tuple[str, str], kstart: int) -> str:
+        """A hint for ``dims=batch=1,seq=3``: the unknown option at ``kstart`` likely continues the
+        previous value (a value holding ',' must be quoted)."""
+        key, raw = prev
+        end = self.text.find("}", kstart)
+        rest = self.text[kstart:end if end >= 0 else len(self.text)].strip()
+        if "=" not in raw and "=" not in rest:
+            return ""
+        return (f"if '{rest}' is part of the value of '{key}', quote the value: "
+                f'{key}="{raw},{rest}"; ')
 
     def value(self) -> str:
         if self.peek() in ("'", '"'):

@@ -105,6 +105,24 @@ def test_errors_name_column_and_expectation(typed_pass, text, column, message):
     assert 1 <= column <= len(text) + 1
 
 
+def test_unquoted_comma_in_a_value_suggests_quoting(typed_pass):
+    """``dims=batch=1,seq=3`` reads as option ``seq``: the error shows the quoted form."""
+    with pytest.raises(PipelineSyntaxError) as info:
+        parse_pipeline("lower-tvm{dims=batch=1,seq=3}")
+    assert info.value.column == len("lower-tvm{dims=batch=1,") + 1
+    assert info.value.message == ("pass 'lower-tvm' has no option 'seq'; if 'seq=3' is part of the "
+                                  "value of 'dims', quote the value: dims=\"batch=1,seq=3\"; known "
+                                  "options: dims")
+    # the suggested form parses to the intended value
+    assert parse_pipeline('lower-tvm{dims="batch=1,seq=3"}')[0].options == {"dims": "batch=1,seq=3"}
+    with pytest.raises(PipelineSyntaxError, match="quote the value: keep=\"a=1,b=2,c\";"):
+        parse_pipeline("typed{keep=a=1,b=2,c}")
+    # a plain misspelling after another option gets no quoting hint
+    with pytest.raises(PipelineSyntaxError) as info:
+        parse_pipeline("typed{steps=2,stpes=3}")
+    assert "quote" not in info.value.message and "did you mean 'steps'" in info.value.message
+
+
 def test_alias_options_go_to_the_passes_that_declare_them():
     specs = expand_specs(parse_pipeline("cleanup{size_limit=10}"))
     assert [(s.name, s.options) for s in specs] == [
