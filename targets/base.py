@@ -79,11 +79,12 @@ def atomic_output_dir(out: str) -> Iterator[str]:
     deleted and ``out`` is left as it was.
 
     Raises:
-        UserError: ``out`` exists and is a file, or its parent folder cannot be created.
+        UserError: ``out`` exists and is not a real folder (a file, a symbolic link, a device
+            node, a FIFO or a socket: none is ever replaced), or its parent folder cannot be
+            created.
     """
     out = os.path.abspath(out)
-    if os.path.isfile(out):
-        raise UserError(f"output '{out}' is a file; give a folder path with -o")
+    refuse_non_folder_output(out)
     parent = os.path.dirname(out)
     try:
         os.makedirs(parent, exist_ok=True)
@@ -105,7 +106,12 @@ def atomic_output_dir(out: str) -> Iterator[str]:
         raise
     _chmod_default(staging)
     old = None
-    if os.path.exists(out):
+    try:
+        refuse_non_folder_output(out)  # it may have appeared while the body ran
+    except UserError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if os.path.lexists(out):
         old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)
         os.rmdir(old)
         os.rename(out, old)
@@ -113,6 +119,46 @@ def atomic_output_dir(out: str) -> Iterator[str]:
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     logger.info("wrote %s", out)
+
+
+def refuse_non_folder_output(out: str, shown: Optional[str] = None, option: str = "-o") -> None:
+    """Refuse an existing ``out`` that is not a real folder: the output folder is replaced as a
+    whole, which must never happen to a file, a symbolic link (even one to a folder: the link
+    itself would be replaced), a device node, a FIFO or a socket. Looks at ``out`` itself
+    (``os.lstat``), not at what a link points to; a missing ``out`` passes.
+
+    Args:
+        out: the output path.
+        shown: the path as the user gave it, for the message (default ``out``).
+        option: the command-line option that named it, for the message.
+
+    Raises:
+        UserError: one line naming ``out``, what it is and what to give instead.
+    """
+    import stat
+
+    shown = out if shown is None else shown
+    try:
+        mode = os.lstat(out).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return  # missing, or below a file: the parent-folder checks say so
+    except OSError as e:
+        raise UserError(f"output '{shown}': cannot inspect it ({e.strerror}); choose another "
+                        f"{option}") from None
+    if stat.S_ISDIR(mode):
+        return
+    if stat.S_ISLNK(mode):
+        target = os.path.realpath(out)
+        raise UserError(f"output '{shown}' is a symbolic link (to '{target}') and {option} would "
+                        f"replace the link; give the folder it points to ({option} {target}) or "
+                        "a new path")
+    if stat.S_ISREG(mode):
+        raise UserError(f"output '{shown}' is a file; give a folder path with {option}")
+    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket"
+            if stat.S_ISSOCK(mode) else "a special file")
+    raise UserError(f"output '{shown}' is {kind}, not a folder, and is never replaced; give a new "
+                    f"or empty folder path with {option}")
 
 
 def _chmod_default(folder: str) -> None:

@@ -189,14 +189,17 @@ def _check_output_path(out: str, model_path: str) -> None:
     ``report.json`` of the passctl report schema and only the files that report lists).
 
     Raises:
-        UserError: ``out`` is an existing file, is below a file, holds the input model, is the
+        UserError: ``out`` exists and is not a real folder (a file, symbolic link, device node,
+            FIFO or socket: see :func:`passctl.targets.base.refuse_non_folder_output`), is below
+            a file, holds the input model, is the
             current folder, one of its ancestors or the home folder, or is a non-empty folder that
             is not a passctl artifact.
     """
+    from passctl.targets.base import refuse_non_folder_output
+
     shown = out
     out = os.path.abspath(out)
-    if os.path.isfile(out):
-        raise UserError(f"output '{shown}' is a file; give a folder path with -o")
+    refuse_non_folder_output(out, shown)
     parent = os.path.dirname(out)
     while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent) if os.path.dirname(parent) != parent else ""
