@@ -185,15 +185,17 @@ def _artifact_files(folder: str) -> Optional[set]:
 def _check_output_path(out: str, model_path: str) -> None:
     """Refuse, before any work, an output that would destroy something that is not an artifact.
 
-    ``-o`` replaces the whole folder, so it must be new, empty, or a passctl artifact (a
-    ``report.json`` of the passctl report schema and only the files that report lists).
+    ``-o`` replaces the whole folder, so it must be new, empty, or a passctl artifact: a
+    ``report.json`` of the passctl report schema and only plain files its emitter writes that
+    the report lists (or that the emitter may add afterwards: ``model.onnx.data``, TensorRT's
+    ``model.engine``).
 
     Raises:
         UserError: ``out`` exists and is not a real folder (a file, symbolic link, device node,
             FIFO or socket: see :func:`passctl.targets.base.refuse_non_folder_output`), is below
             a file, holds the input model, is the
             current folder, one of its ancestors or the home folder, or is a non-empty folder that
-            is not a passctl artifact.
+            is not a passctl artifact or holds something else besides (the first one is named).
     """
     from passctl.targets.base import refuse_non_folder_output
 
@@ -215,14 +217,41 @@ def _check_output_path(out: str, model_path: str) -> None:
         raise UserError(f"output folder '{shown}' contains the input model '{model_path}' and would "
                         "replace it; choose another -o")
     if os.path.isdir(out):
+        import contextlib
+        import json
+        import stat
+
         names = sorted(os.listdir(out))
-        known = _artifact_files(out)
-        unknown = [n for n in names if known is None
-                   or (n not in known and not n.startswith("model.onnx"))]
-        if unknown:
-            listed = ", ".join(unknown[:3]) + (", ..." if len(unknown) > 3 else "")
+        listed = _artifact_files(out)
+        if names and listed is None:
+            shown_names = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
             raise UserError(f"output folder '{shown}' exists and is not a passctl artifact (holds "
-                            f"{listed}); choose a new or empty -o")
+                            f"{shown_names}); choose a new or empty -o")
+        # the files each emitter writes (model.engine: built later by build_engine.sh; the data
+        # file: written when the weights are large); a file is replaced only when the report of
+        # the artifact lists it or its emitter writes it later, and it is a plain file
+        writes = {"onnxruntime": {"model.onnx", "model.onnx.data", "session.json"},
+                  "tvm": {"manifest.json", "model.so", "model.params"},
+                  "tensorrt": {"model.onnx", "model.onnx.data", "manifest.json", "precision.json",
+                               "build_engine.sh", "model.engine"}}
+        later = {"model.onnx.data", "model.engine"}
+        kind = ""
+        if names:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                with open(os.path.join(out, "report.json")) as f:
+                    kind = str(json.load(f).get("emitter", ""))
+        own = writes.get(kind, set().union(*writes.values()))
+        for n in names:
+            try:
+                plain = stat.S_ISREG(os.lstat(os.path.join(out, n)).st_mode)
+            except OSError:
+                plain = False
+            if not plain or (n != "report.json" and (n not in own or (
+                    n not in listed and n not in later))):
+                what = "" if plain else " (not a plain file)"
+                raise UserError(f"output folder '{shown}' is a passctl {kind or 'compile'} artifact "
+                                f"but also holds '{n}'{what}, which passctl did not write; -o "
+                                "replaces the whole folder: move it out or choose a new or empty -o")
     if parent and not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"output '{shown}': cannot write in '{parent}' (permission denied); "
                         "choose a writable -o")
