@@ -278,18 +278,19 @@ def _default_rtol(args, flat, console) -> None:
 
 
 def _check_inputs(reference: str, dims: Dict[str, int], overrides: Dict[str, Any]) -> None:
-    """Check ``--dim`` names and ``--inputs`` arrays against the model's graph inputs up front.
+    """Check ``--dim`` names and sizes and ``--inputs`` arrays against the model's graph inputs up
+    front (before any pass runs).
 
     Raises:
-        UserError: a ``--dim`` name matches no symbolic dimension, or an array names no input or
-            has another dtype, rank or fixed dimension than its input.
+        UserError: a ``--dim`` name matches no symbolic dimension, an array names no input or has
+            another dtype, rank or fixed dimension than its input, or the inputs would not fit in
+            memory.
     """
-    from passctl.tools.inputs import check_dim_names, make_inputs
+    from passctl.tools.inputs import check_dim_names, plan_inputs
 
     if dims:
         check_dim_names(reference, dims)
-    if overrides:
-        make_inputs(reference, dim_values=dims, overrides=overrides)
+    plan_inputs(reference, dim_values=dims, overrides=overrides)
 
 
 def _check_writable_folder(folder: str, option: str) -> None:
@@ -496,7 +497,9 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     from passctl.targets.tensorrt import is_tensorrt_artifact
     from passctl.targets.tvm.runtime import is_tvm_artifact, load_artifact, read_manifest
     from passctl.tools.check import compare, make_inputs, run_onnxruntime
+    from passctl.tools.inputs import plan_inputs
 
+    given = dict(dims)
     folder = os.path.dirname(candidate)
     tvm = is_tvm_artifact(folder)
     if not dims and is_tensorrt_artifact(folder):  # the sizes its engine is tuned for
@@ -515,6 +518,9 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
         dims = dict(dims, **{f"{i.name}[{axis}]": int(d.dim_value) for i in graph_inputs(header)
                              for axis, d in enumerate(i.type.tensor_type.shape.dim)
                              if d.HasField("dim_value") and d.dim_value > 0})
+    plan = plan_inputs(reference, dim_values=dims, overrides=overrides)
+    sources = {k: "artifact" if v == "given" and k not in given else v
+               for k, v in plan.dim_sources.items()}
     inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
     try:
         want = run_onnxruntime(reference, inputs)
@@ -532,8 +538,8 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     failures = result.failures(args.rtol, args.atol)
     finite = [o for o in result.outputs.values() if o.problem is None]
     entry.update(
-        ok=result.ok(args.rtol, args.atol), atol=args.atol, seed=args.seed, dims=dims,
-        overridden=sorted(overrides),
+        ok=result.ok(args.rtol, args.atol), atol=args.atol, seed=args.seed, dims=plan.dims,
+        dims_source=sources, overridden=sorted(overrides),
         inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)}
                 for k, v in inputs.items()],
         max_abs=max((o.max_abs for o in finite), default=0.0),

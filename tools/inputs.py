@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
-from typing import Dict, Mapping, Optional, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import onnx
@@ -74,7 +76,9 @@ def _default_dim(dim_name: str, axis: int, rank: int) -> int:
 
 
 def _resolve_shape(value: onnx.ValueInfoProto, dim_values: Mapping[str, int],
-                   bound: Dict[str, int]) -> tuple:
+                   bound: Dict[str, int], used: Dict[str, Tuple[int, str]]) -> tuple:
+    """The shape of one input without an override (rules 1-7 of :func:`make_inputs`); records each
+    unknown dimension's size and source (``given`` or ``default``) in ``used``."""
     tensor_type = value.type.tensor_type
     if not tensor_type.HasField("shape"):
         raise UserError(f"graph input '{value.name}' has no declared shape (unknown rank); "
@@ -89,29 +93,36 @@ def _resolve_shape(value: onnx.ValueInfoProto, dim_values: Mapping[str, int],
         if dim_name in UNNAMED_DIM_PARAMS:
             dim_name = ""
         positional = f"{value.name}[{axis}]"
+        key, source = dim_name or positional, "given"
         if positional in dim_values:
-            size = int(dim_values[positional])
+            size, key = int(dim_values[positional]), positional
         elif dim_name and dim_name in dim_values:
             size = int(dim_values[dim_name])
         elif dim_name and dim_name in bound:
             size = bound[dim_name]
         else:
-            size = _default_dim(dim_name, axis, len(dims))
+            size, source = _default_dim(dim_name, axis, len(dims)), "default"
         if dim_name:
             bound.setdefault(dim_name, size)
+        used.setdefault(key, (size, source))
         shape.append(size)
     return tuple(shape)
 
 
-def _bind_override(value: onnx.ValueInfoProto, array: np.ndarray, bound: Dict[str, int]) -> None:
+def _bind_override(value: onnx.ValueInfoProto, array: np.ndarray, bound: Dict[str, int],
+                   used: Dict[str, Tuple[int, str]]) -> None:
     if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
         return
     dims = value.type.tensor_type.shape.dim
     if len(dims) != array.ndim:
         return
-    for dim, size in zip(dims, array.shape):
-        if dim.HasField("dim_param") and dim.dim_param not in UNNAMED_DIM_PARAMS:
+    for axis, (dim, size) in enumerate(zip(dims, array.shape)):
+        if dim.HasField("dim_value") and dim.dim_value > 0:
+            continue
+        named = dim.HasField("dim_param") and dim.dim_param not in UNNAMED_DIM_PARAMS
+        if named:
             bound.setdefault(dim.dim_param, int(size))
+        used.setdefault(dim.dim_param if named else f"{value.name}[{axis}]", (int(size), "inputs"))
 
 
 def _declared(value: onnx.ValueInfoProto) -> str:
@@ -246,11 +257,83 @@ def make_inputs(model: Union[onnx.ModelProto, str], seed: int = 0,
 
     Raises:
         UserError: ``seed`` is negative, the file cannot be read, an override names no graph input,
-            or an input without an override is a string, a non-tensor, or has no declared shape.
+            an input without an override is a string, a non-tensor, or has no declared shape, or
+            the inputs do not fit in memory (see :func:`plan_inputs`).
     """
     if int(seed) < 0:
         raise UserError(f"seed {seed}: a seed must be >= 0 (numpy.random.default_rng refuses "
                         "negative seeds); give --seed 0 or another integer >= 0")
+    plan = plan_inputs(model, dim_values, overrides)
+    rng = np.random.default_rng(seed)
+    result: Dict[str, np.ndarray] = {}
+    for name, value in plan.arrays.items():
+        if isinstance(value, np.ndarray):
+            result[name] = value
+            continue
+        dtype, shape = value
+        try:
+            result[name] = _random_array(name, dtype, shape, rng)
+        except MemoryError as e:
+            raise UserError(f"input '{name}' ({dtype} {list(shape)}) does not fit in memory; give "
+                            "smaller sizes with --dim NAME=SIZE") from e
+        logger.debug("input %s: %s %s", name, dtype, shape)
+    return result
+
+
+@dataclass
+class InputPlan:
+    """What :func:`make_inputs` will feed, before any random array is drawn.
+
+    Attributes:
+        arrays: ``{input name: override array}`` for given inputs, ``(dtype, shape)`` for the others,
+            in graph-input order.
+        dims: ``{dimension: size}`` for every unknown dimension of the graph inputs (a symbolic
+            ``dim_param`` by name, an unnamed one as ``"<input>[<axis>]"``).
+        dim_sources: ``{dimension: "given" | "inputs" | "default"}``: from ``dim_values``, from the
+            shape of an override array, or one of the default rules 4-7 of :func:`make_inputs`.
+        nbytes: bytes of all input arrays.
+    """
+
+    arrays: Dict[str, Union[np.ndarray, Tuple[np.dtype, tuple]]] = field(default_factory=dict)
+    dims: Dict[str, int] = field(default_factory=dict)
+    dim_sources: Dict[str, str] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+def _memory_bytes() -> Optional[int]:
+    """Physical memory of this machine in bytes (``None`` where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _size_text(nbytes: float) -> str:
+    """``4e13`` -> ``"36.4 TiB"`` (binary units)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:.1f} {unit}" if unit != "B" else f"{int(nbytes)} B"
+        nbytes /= 1024
+    return f"{nbytes:.1f} PiB"
+
+
+def plan_inputs(model: Union[onnx.ModelProto, str], dim_values: Optional[Mapping[str, int]] = None,
+                overrides: Optional[Mapping[str, np.ndarray]] = None) -> InputPlan:
+    """Resolve the dtype and shape of every graph input (the shape rules of :func:`make_inputs`)
+    without drawing random values, so sizes can be reported and checked first.
+
+    Args:
+        model: An ``onnx.ModelProto`` or the path of an ``.onnx`` file (external data is not read).
+        dim_values: Sizes of unknown dimensions, by ``dim_param`` name or ``"<input>[<axis>]"``.
+        overrides: Arrays to use as given, by input name.
+
+    Returns:
+        The :class:`InputPlan`.
+
+    Raises:
+        UserError: as :func:`make_inputs`, and when the inputs need more bytes than this machine's
+            physical memory (too large ``--dim`` sizes); names the largest input.
+    """
     proto = _load_header(model)
     dim_values = dict(dim_values or {})
     overrides = dict(overrides or {})
@@ -262,18 +345,30 @@ def make_inputs(model: Union[onnx.ModelProto, str], seed: int = 0,
                         f"{[v.name for v in inputs]}); name each array after a graph input, "
                         "e.g. numpy.savez(path, **{'input name': array})")
     bound: Dict[str, int] = {}
+    used: Dict[str, Tuple[int, str]] = {}
     converted = {name: np.asarray(array) for name, array in overrides.items()}
     for name, array in converted.items():
         check_override(by_name[name], array)
-        _bind_override(by_name[name], array, bound)
-    rng = np.random.default_rng(seed)
-    result: Dict[str, np.ndarray] = {}
+        _bind_override(by_name[name], array, bound, used)
+    plan = InputPlan()
+    largest = ("", 0, "")
     for value in inputs:
         if value.name in converted:
-            result[value.name] = converted[value.name]
+            plan.arrays[value.name] = converted[value.name]
+            plan.nbytes += converted[value.name].nbytes
             continue
         dtype = _elem_dtype(value)
-        shape = _resolve_shape(value, dim_values, bound)
-        result[value.name] = _random_array(value.name, dtype, shape, rng)
-        logger.debug("input %s: %s %s", value.name, dtype, shape)
-    return result
+        shape = _resolve_shape(value, dim_values, bound, used)
+        plan.arrays[value.name] = (dtype, shape)
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        plan.nbytes += nbytes
+        if nbytes > largest[1]:
+            largest = (value.name, nbytes, f"{dtype} {list(shape)}")
+    plan.dims = {k: size for k, (size, _) in used.items()}
+    plan.dim_sources = {k: source for k, (_, source) in used.items()}
+    memory = _memory_bytes()
+    if memory is not None and plan.nbytes > memory:
+        raise UserError(f"the input sizes need {_size_text(plan.nbytes)} of input arrays (largest: "
+                        f"{largest[0]} {largest[2]}) but this machine has {_size_text(memory)} of "
+                        "memory; give smaller sizes with --dim NAME=SIZE")
+    return plan

@@ -92,9 +92,14 @@ def print_summary(console, report: Dict[str, Any]) -> None:
     check = report.get("check")
     if check is not None and check["outputs"]:
         worst = max(check["outputs"], key=lambda o: float(o["max_rel"]))
+        sources = check.get("dims_source") or {}
+        defaults = [f"{k}={v}" for k, v in (check.get("dims") or {}).items()
+                    if sources.get(k) == "default"]
+        note = (f"; default sizes {', '.join(defaults)} (set them with --dim NAME=SIZE)"
+                if defaults else "")
         console.print(f"check: max abs error {_fmt_err(check['max_abs'])}, max rel error "
                       f"{_fmt_err(check['max_rel'])} (worst output '{worst['name']}') on "
-                      f"{len(check['inputs'])} seeded input(s), seed {check['seed']}")
+                      f"{len(check['inputs'])} seeded input(s), seed {check['seed']}{note}")
     console.print(f"time: {report['timing']['total_s']:.2f} s; "
                   f"artifact: {report['artifact']['path']}")
 
