@@ -109,6 +109,11 @@ def _symbolic_shape_inference():
         spec = importlib.util.spec_from_file_location("passctl_ort_symbolic_shape_infer", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        # Its warnings ("Only support models of onnx opset 7 and above", "unsupported broadcast")
+        # are about its own best-effort inference, not the user's model: the verifier reports
+        # what matters as its own diagnostics. Shown with PASSCTL_LOG=debug.
+        if not logger.isEnabledFor(logging.DEBUG):
+            logging.getLogger(spec.name).setLevel(logging.ERROR)
         _SYMBOLIC = module.SymbolicShapeInference
     return _SYMBOLIC
 
@@ -119,6 +124,10 @@ _SYMBOLIC = None
 def _infer_model(proto: onnx.ModelProto, symbolic: bool) -> Optional[onnx.ModelProto]:
     try:
         if symbolic:
+            opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+            if opset < 7:  # ORT's symbolic inference supports opset 7 and above only
+                logger.info("verifier: symbolic shape inference skipped (opset %d < 7)", opset)
+                return None
             SymbolicShapeInference = _symbolic_shape_inference()
             copy = onnx.ModelProto()
             copy.CopyFrom(proto)

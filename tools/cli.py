@@ -128,7 +128,8 @@ def _add_compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline", "-p", default="cleanup", type=_pipeline_text,
                    help="comma-separated passes and groups, e.g. 'cleanup,fuse-conv-bn' or "
                         "'fold-constants{size_limit=1024}' (default: cleanup)")
-    p.add_argument("--target", "-t", default="cpu", help="target profile (see list-targets)")
+    p.add_argument("--target", "-t", default="cpu",
+                   help="target profile (see list-targets; default: cpu)")
     p.add_argument("-o", "--output", dest="out", default=None,
                    help="output folder (default: ./<model stem>.passctl/)")
     p.add_argument("--emit", default=None, help="onnxruntime | tvm | tensorrt, with emitter options "
@@ -206,7 +207,24 @@ def _normalize_argv(argv: Sequence[str]) -> List[str]:
     argv = list(argv)
     if not argv or argv[0] in SUBCOMMANDS or argv[0] in ("-h", "--help", "--version"):
         return argv
+    _check_not_a_misspelled_subcommand(argv[0])
     return ["compile"] + argv
+
+
+def _check_not_a_misspelled_subcommand(word: str) -> None:
+    """Raise a UserError naming the closest subcommands when ``word`` (read as the model) is a
+    plain word that is no existing file and is close to a subcommand (``list-pases``)."""
+    import difflib
+    import re
+
+    if not re.fullmatch(r"[A-Za-z][A-Za-z-]*", word) or os.path.exists(word):
+        return
+    ratio = {c: difflib.SequenceMatcher(None, word.lower(), c).ratio() for c in SUBCOMMANDS}
+    best = max(ratio.values())
+    close = [c for c in SUBCOMMANDS if ratio[c] >= 0.6 and ratio[c] >= best - 0.05]
+    if close:
+        raise UserError(f"'{word}' is not a subcommand or a model file; did you mean "
+                        f"{' or '.join(f'`passctl {c}`' for c in close)}? (see `passctl --help`)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -218,12 +236,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits 1 here; instead drop further output and let the command finish (a
+            # compile still writes its artifact), then exit as usual
+            self.quiet = self.stdout_closed = True
+            discard_stdout()
+
     argv = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=os.environ.get("PASSCTL_LOG", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     # Not a terminal (a pipe, a file, a test): no wrapping, so lines stay greppable.
     # NOTE: piped output is not wrapped (tables stay one row per line, for grep and tests).
-    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 400)
+    out = _Console(soft_wrap=True, width=None if sys.stdout.isatty() else 400)
     err = Console(stderr=True)
     try:
         args = build_parser().parse_args(_normalize_argv(argv))
@@ -246,10 +271,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("passctl: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug outside any pass: say so, with the traceback
+        if isinstance(e, BrokenPipeError) and _stdout_closed(out):
+            discard_stdout()  # the reader closed stdout early (`passctl list-passes | head -1`)
+            return EXIT_OK
         traceback.print_exc()
         print(f"passctl: internal error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
         err.print("please report it with the command above", style="dim")
         return EXIT_INTERNAL_ERROR
+
+
+def _stdout_closed(console) -> bool:
+    """Whether a BrokenPipeError means stdout's reader went away: rich's console saw it, or
+    :func:`_stdout_reader_gone`."""
+    return getattr(console, "stdout_closed", False) or _stdout_reader_gone()
+
+
+def _stdout_reader_gone() -> bool:
+    """True when stdout is a pipe whose reader has closed it (poll reports POLLERR on Linux), so a
+    BrokenPipeError from elsewhere (a compiler subprocess) is not mistaken for it."""
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or stdout without a descriptor
+        return False
+
+
+def discard_stdout() -> None:
+    """Point stdout at /dev/null once its reader has gone (``passctl ... | head -1``), so later
+    writes and the interpreter's final flush do not fail again (Python docs, signal module,
+    "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
+        pass
 
 
 def _one_line(e: BaseException) -> str:
@@ -269,6 +327,8 @@ def _dispatch(args, argv: List[str], console) -> int:
         except (UserError, InternalError):
             raise
         except Exception as e:  # a bug outside any pass (import, export...): keep a reproducer
+            if isinstance(e, BrokenPipeError) and _stdout_closed(console):
+                raise  # not a bug: the reader of stdout went away (main exits 0)
             folder = write_crash_folder(args.reproducer_dir, argv, e)
             raise InternalError(f"{type(e).__name__}: {e} (traceback in the reproducer)",
                                 folder) from e

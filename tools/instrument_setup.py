@@ -12,8 +12,13 @@ from typing import Any, Dict, List
 def _stdout(text: str) -> None:
     # Resolved at call time, so rich's progress display (which redirects sys.stdout) keeps its bar
     # below the text and tests that capture stdout see it.
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader closed stdout (`| head`): keep compiling, drop the text
+        from passctl.tools.cli import discard_stdout
+
+        discard_stdout()
 
 
 def default_reproducer_dir() -> str:
