@@ -4,9 +4,11 @@ Run ``python benchmarks/quantize.py [--models ppocr_det,resnet50] [--runs 20] [-
 each model:
 
 - ``fp32``: the original file, ``ORT_ENABLE_ALL``;
-- ``passctl``: ``passctl.ir.load`` -> ``build_pipeline(PIPELINE)`` (default
-  ``quantize{calib=DIR}``: infer-shapes, quantize-int8, dce with its default budget 2e-2 mean-rel)
-  -> ``save``, ``ORT_ENABLE_ALL`` (ONNX Runtime fuses the QDQ node units into int8 kernels);
+- ``passctl``: ``passctl.ir.load`` -> ``build_pipeline(PIPELINE)`` for each of ``--pipelines``
+  (default ``quantize{calib=DIR}`` and ``cleanup,fuse,quantize{calib=DIR}``; quantize-int8's
+  defaults: budget 2e-2 mean-rel, and for the cpu target uint8 activations with zero point 128 and
+  quantized layer outputs) -> ``save``, ``ORT_ENABLE_ALL`` (ONNX Runtime fuses the QDQ node units
+  into QLinearConv / QLinearMatMul);
 - ``ort-static``: ``onnxruntime.quantization.quantize_static`` (``QuantFormat.QDQ``,
   ``per_channel=True``, int8 weights and activations, ``ActivationSymmetric`` and
   ``WeightSymmetric``, MinMax calibration) on the same calibration feeds, ``ORT_ENABLE_ALL``.
@@ -16,8 +18,8 @@ Sessions: ``passctl.tools.check.cpu_session`` with 2 intra-op threads, sequentia
 max-rel and mean-rel of each variant against fp32 with optimizations off, over the calibration feeds
 and over ``--holdout`` feeds not calibrated on (worst feed). Ceiling: the share of fp32 operator
 time in Conv/MatMul/Gemm (ONNX Runtime's profiler, ``benchmarks/ort_cpu.op_time_shares``); int8 can
-only speed up that share, so the whole model cannot get faster than ``1 / (1 - share)`` even with
-free matrix work.
+only speed up that share, so with that part k times faster the model is at most
+``1 / (1 - share + share / k)`` times faster (Amdahl's law), printed for k = 2 and 4.
 
 Feeds: PP-OCRv4 det: synthetic text images (``tests/passes/quantize/ocr_images.py``) at 640x640;
 ResNet-50 (``tests/zoo.py``, timm, random weights): seeded ``make_inputs`` in [-1, 1).
@@ -41,7 +43,6 @@ sys.path.insert(0, str(REPO / "tests" / "passes" / "quantize"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 THREADS = 2
-VARIANTS = ("fp32", "passctl", "ort-static")
 
 
 def _model(model_id: str, count: int, seed: int):
@@ -110,12 +111,18 @@ def bench(model_id: str, args) -> List[str]:
         shares = op_time_shares(src, feeds[0], 2, 5, tmp)
         total = sum(shares.values())
         matrix = sum(t for op, t in shares.items() if GEMM_LIKE.search(op)) / total
-        lines.append(f"fp32 operator time in Conv/MatMul/Gemm: {matrix:.1%} (ceiling: at most "
-                     f"{1 / max(1 - matrix, 1e-9):.1f}x faster with free matrix work)")
-        paths = {"fp32": src, "passctl": str(tmp / "passctl.onnx"), "ort-static": str(tmp / "ort.onnx")}
-        start = time.perf_counter()
-        info = _passctl(src, calib, Path(paths["passctl"]), args.pipeline)
-        lines.append(f"passctl `{args.pipeline}`: {time.perf_counter() - start:.1f} s, {info}")
+        ceiling = {k: 1 / (1 - matrix + matrix / k) for k in (2, 4)}
+        lines.append(f"fp32 operator time in Conv/MatMul/Gemm: {matrix:.1%}; ceiling (Amdahl) if "
+                     f"int8 makes that part k times faster: k=2 -> {ceiling[2]:.2f}x, k=4 -> "
+                     f"{ceiling[4]:.2f}x (int8 x86 kernels: 2x (AVX2) to 4x (VNNI) the fp32 MACs)")
+        paths = {"fp32": src}
+        for k, pipeline in enumerate(args.pipelines.split("|")):
+            name = f"passctl `{pipeline}`"
+            paths[name] = str(tmp / f"passctl{k}.onnx")
+            start = time.perf_counter()
+            info = _passctl(src, calib, Path(paths[name]), pipeline)
+            lines.append(f"{name}: {time.perf_counter() - start:.1f} s, {info}")
+        paths["ort-static"] = str(tmp / "ort.onnx")
         start = time.perf_counter()
         _ort_static(src, feeds, Path(paths["ort-static"]))
         lines.append(f"ort quantize_static: {time.perf_counter() - start:.1f} s")
@@ -129,19 +136,19 @@ def bench(model_id: str, args) -> List[str]:
         times: Dict[str, List[float]] = {v: [] for v in sessions}
         order = list(sessions)
         for r in range(args.runs):
-            for v in order[r % 3:] + order[:r % 3]:
+            for v in order[r % len(order):] + order[:r % len(order)]:
                 t = time.perf_counter()
                 sessions[v].run(None, feeds[0])
                 times[v].append((time.perf_counter() - t) * 1e3)
         ms = {v: statistics.median(t) for v, t in times.items()}
         lines += ["", "| variant | median ms | fp32 / variant | max-rel calib | mean-rel calib | "
                   "max-rel holdout | mean-rel holdout |", "| --- | --- | --- | --- | --- | --- | --- |"]
-        for v in VARIANTS:
+        for v in paths:
             cal = _errors(outputs["fp32"][:n], outputs[v][:n])
             hold = _errors(outputs["fp32"][n:], outputs[v][n:])
             lines.append(f"| {v} | {ms[v]:.1f} | {ms['fp32'] / ms[v]:.2f} | {cal['max_rel']:.3g} | "
                          f"{cal['mean_rel']:.3g} | {hold['max_rel']:.3g} | {hold['mean_rel']:.3g} |")
-        for v in ("passctl", "ort-static"):
+        for v in list(paths)[1:]:
             prof = op_time_shares(paths[v], feeds[0], 2, 5, tmp)
             top = sorted(prof.items(), key=lambda kv: -kv[1])[:5]
             lines.append(f"\n{v} top ops (optimized session): "
@@ -156,8 +163,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--samples", type=int, default=4, help="calibration feeds")
     parser.add_argument("--holdout", type=int, default=2, help="feeds not calibrated on")
-    parser.add_argument("--pipeline", default="quantize{calib=DIR}",
-                        help="passctl pipeline; DIR is replaced by the calibration folder")
+    parser.add_argument("--pipelines", default="quantize{calib=DIR}|cleanup,fuse,quantize{calib=DIR}",
+                        help="passctl pipelines separated by '|'; DIR is the calibration folder")
     args = parser.parse_args(argv)
     from passctl_path import ensure_passctl_importable
 

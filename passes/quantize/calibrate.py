@@ -19,9 +19,23 @@ from passctl.passes.quantize.scales import activation_scale
 logger = logging.getLogger(__name__)
 
 
+def _tensors(nodes: List[Node], layers: Sequence[QuantLayer], outputs: bool) -> List[Value]:
+    """The values that get activation scales: every layer's data input, and with ``outputs`` its
+    first output."""
+    values: List[Value] = []
+    for layer in layers:
+        node = nodes[layer.position]
+        values.append(node.inputs[layer.data_index])
+        if outputs:
+            values.append(node.outputs[0])
+    return list(dict.fromkeys(values))
+
+
 def calibrate(model: Model, layers: Sequence[QuantLayer], feeds: Feeds, method: str,
-              percentile: float) -> Tuple[Dict[str, float], List[Dict[str, np.ndarray]]]:
-    """Activation scales of the layers' data inputs, and the float model's outputs, in one run.
+              percentile: float, outputs: bool = False
+              ) -> Tuple[Dict[str, float], List[Dict[str, np.ndarray]]]:
+    """Activation scales of the layers' data inputs (and first outputs with ``outputs``), and the
+    float model's outputs, in one run.
 
     One ONNX Runtime session (:func:`passctl.passes.precision.sensitivity.run_model`, optimizations
     off) runs a copy of ``model`` whose graph outputs are extended with every layer's data input
@@ -44,8 +58,8 @@ def calibrate(model: Model, layers: Sequence[QuantLayer], feeds: Feeds, method: 
     nodes = list(work.graph)
     originals = [v.name for v in work.graph.outputs]
     exposed: List[str] = []
-    for layer in layers:
-        x = nodes[layer.position].inputs[layer.data_index]
+    tensors = _tensors(nodes, layers, outputs)
+    for x in tensors:
         if x.is_graph_input() or x.name in exposed or x.name in originals:
             continue
         if x.type is None:
@@ -54,8 +68,7 @@ def calibrate(model: Model, layers: Sequence[QuantLayer], feeds: Feeds, method: 
         exposed.append(x.name)
     results = run_model(work, feeds, outputs=originals + exposed)
     scales: Dict[str, float] = {}
-    for layer in layers:
-        name = nodes[layer.position].inputs[layer.data_index].name
+    for name in (x.name for x in tensors):
         if name not in scales:
             samples = [f[name] if name in f else r[name] for f, r in zip(feeds, results)]
             scales[name] = activation_scale(samples, method, percentile)
@@ -79,13 +92,13 @@ class Sensitivity:
 
 
 def sensitivity(model: Model, layers: Sequence[QuantLayer], scales: Dict[str, float], feeds: Feeds,
-                cache: WeightCache) -> Sensitivity:
+                cache: WeightCache, unsigned: bool = False, outputs: bool = False) -> Sensitivity:
     """Measure every layer's own quantization error in one ONNX Runtime session.
 
     The session runs a copy of the float graph extended, for each layer, with a clone of the node
     that reads its data input through QuantizeLinear -> DequantizeLinear and its weight through
     the int8 DequantizeLinear (exactly what :func:`passctl.passes.quantize.qdq.apply_qdq` writes);
-    the clone's first output is compared with the float output by scalar reductions (``ReduceMax``
+    the clone's first output (fake-quantized too with ``outputs``) is compared with the float output by scalar reductions (``ReduceMax``
     and ``ReduceSum`` of ``|q - f|`` and of ``|f|``), so one run covers every layer whatever the
     model size (the method of amp's :func:`passctl.passes.precision.sensitivity.measure`).
     """
@@ -107,13 +120,15 @@ def sensitivity(model: Model, layers: Sequence[QuantLayer], scales: Dict[str, fl
         node = nodes[layer.position]
         ins = list(node.inputs)
         ins[layer.data_index] = fake_quantized(b, ins[layer.data_index],
-                                               scales[ins[layer.data_index].name])
+                                               scales[ins[layer.data_index].name], unsigned)
         ins[layer.weight_index] = dequantized_weight(b, layer, cache)
         out = Value(graph.fresh_name(f"quant_probe_{layer.position}"), node.outputs[0].type)
         extra = [Value(graph.fresh_name("quant_probe_unused")) for _ in node.outputs[1:]]
         graph.append(Node(node.domain, node.op_type, ins, list(node.attributes.values()),
                           [out, *extra], name=graph.fresh_name(f"quant_probe_{layer.name}")))
         ref = node.outputs[0]
+        if outputs and ref.name in scales:
+            out = fake_quantized(b, out, scales[ref.name], unsigned)
         diff = b.op("Sub", out, ref)
         probes[layer.position] = tuple(v.name for v in (
             scalar("ReduceMax", diff), scalar("ReduceSum", diff), scalar("ReduceMax", ref),

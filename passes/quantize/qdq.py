@@ -53,28 +53,37 @@ def dequantized_weight(b: Builder, layer: QuantLayer, cache: Optional[WeightCach
     return out
 
 
-def fake_quantized(b: Builder, x: Value, scale: float) -> Value:
-    """``DequantizeLinear(QuantizeLinear(x, s, int8 0), s, int8 0)`` built with ``b``: ``x`` rounded
-    to the int8 grid of step ``s`` (per tensor, symmetric), float32 again."""
+def fake_quantized(b: Builder, x: Value, scale: float, unsigned: bool = False) -> Value:
+    """``DequantizeLinear(QuantizeLinear(x, s, zp), s, zp)`` built with ``b``: ``x`` rounded to the
+    symmetric int8 grid of step ``s`` (per tensor), float32 again.
+
+    ``unsigned=False``: int8 codes, zero point 0 (TensorRT). ``unsigned=True``: uint8 codes with
+    zero point 128, the same grid (``q_u8 = q_i8 + 128``, saturating at [0, 255] exactly where int8
+    saturates at [-128, 127]), the activation type of ONNX Runtime's x86 U8S8 int8 kernels.
+    """
     graph = b.graph
     base = x.name.replace("/", "_")
     s = graph.add_constant(np.array(scale, np.float32), f"{base}_scale")
-    z = graph.add_constant(np.array(0, np.int8), f"{base}_zero_point")
+    z = graph.add_constant(np.array(128, np.uint8) if unsigned else np.array(0, np.int8),
+                           f"{base}_zero_point")
     q = _typed(b.op("QuantizeLinear", x, s, z, name=f"{base}_q", output_names=[f"{base}_int8"]),
-               DataType.INT8, x)
+               DataType.UINT8 if unsigned else DataType.INT8, x)
     return _typed(b.op("DequantizeLinear", q, s, z, name=f"{base}_dq", output_names=[f"{base}_dq"]),
                   DataType.FLOAT, x)
 
 
 def apply_qdq(model: Model, layers: Iterable[QuantLayer], act_scales: Mapping[str, float],
-              cache: Optional[WeightCache] = None) -> int:
+              cache: Optional[WeightCache] = None, unsigned: bool = False,
+              outputs: bool = False) -> int:
     """Quantize ``layers`` of ``model`` in place (QDQ format).
 
     For each layer (by position in ``list(model.graph)``): the weight input reads
     :func:`dequantized_weight`, the data input reads one shared :func:`fake_quantized` copy of the
-    activation (scale ``act_scales[name]``, zero point 0), built before the first quantized consumer.
-    Bias inputs (Conv's B, Gemm's C) stay float32. ONNX Runtime (QDQ node units) and TensorRT
-    (explicit quantization) fold these patterns into int8 kernels.
+    activation (scale ``act_scales[name]``), built before the first quantized consumer. Bias inputs
+    (Conv's B, Gemm's C) stay float32. With ``outputs``, the layer's first output is quantized too
+    (its readers get the fake-quantized copy; a graph output is left as is): ONNX Runtime's QDQ
+    node units ``DQ -> Conv/MatMul/Gemm -> Q`` become QLinearConv / QLinearMatMul / QGemm. TensorRT
+    (explicit quantization) folds the input-side patterns into its int8 kernels.
 
     Returns:
         the number of QuantizeLinear / DequantizeLinear nodes added.
@@ -87,14 +96,25 @@ def apply_qdq(model: Model, layers: Iterable[QuantLayer], act_scales: Mapping[st
         node: Node = nodes[layer.position]
         b = Builder(graph, before=node, provenance=node.provenance)
         x = node.inputs[layer.data_index]
-        if x not in shared:
-            shared[x] = fake_quantized(b, x, act_scales[x.name])
-            added += 2
-        node.set_input(layer.data_index, shared[x])
+        if x in shared.values():  # already the quantized output of an earlier layer
+            pass
+        else:
+            if x not in shared:
+                shared[x] = fake_quantized(b, x, act_scales[x.name], unsigned)
+                added += 2
+            node.set_input(layer.data_index, shared[x])
         old = node.inputs[layer.weight_index]
         node.set_input(layer.weight_index, dequantized_weight(b, layer, cache))
         added += 1
         _drop_if_unused(model, old)
+        y = node.outputs[0]
+        if outputs and not y.is_graph_output() and y.uses() and y.name in act_scales and y not in shared:
+            readers = y.uses()
+            after = Builder(graph, before=node.next, provenance=node.provenance)
+            shared[y] = fake_quantized(after, y, act_scales[y.name], unsigned)
+            added += 2
+            for reader, i in readers:
+                reader.set_input(i, shared[y])
     return added
 
 

@@ -6,7 +6,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal
+from typing import Any, Dict, List, Literal, Optional
 
 from passctl.ir import Model
 from passctl.ir.errors import UserError
@@ -19,6 +19,7 @@ from passctl.passes.quantize.calibrate import calibrate, sensitivity
 from passctl.passes.quantize.layers import QUANTIZABLE, QuantLayer, find_layers
 from passctl.passes.quantize.opset import raise_opset
 from passctl.passes.quantize.qdq import QDQ_MIN_OPSET, WeightCache, apply_qdq
+from passctl.passes.quantize.unfuse import unfuse_conv
 from passctl.passes.registry import register_pass
 from passctl.targets.profiles import get_target
 
@@ -46,7 +47,13 @@ class QuantizeInt8(Pass):
          (``calibration=minmax``: max |x| / 127; ``percentile``: the ``percentile``-th percentile
          of |x| / 127), measured in one ONNX Runtime session with the inputs exposed as outputs
          (``calibrate.calibrate``).
-      4. Budget: one more session measures each layer's own int8 error (``calibrate.sensitivity``,
+      4. Target form: GPU targets get TensorRT's explicit-quantization form (int8, zero point 0,
+         Q/DQ on layer inputs only). The cpu target gets ONNX Runtime's form: activations as uint8
+         with zero point 128 (the same symmetric grid; its x86 U8S8 kernels) and each quantized
+         layer's output quantized too, so ``DQ -> Conv/MatMul/Gemm -> Q`` node units become
+         QLinearConv / QLinearMatMul / QGemm; FusedConv (no int8 kernel) is split back into Conv +
+         activation first (``unfuse.unfuse_conv``). ``activations`` and ``outputs`` override this.
+      5. Budget: one more session measures each layer's own int8 error (``calibrate.sensitivity``,
          its output with only that layer quantized, under ``metric``; ``max-rel`` ranks by max-rel,
          the others by mean-rel). If the all-int8 model's output error on the calibration feeds is
          over ``budget``, the most sensitive layers go back to float32 in ranking order: the
@@ -54,7 +61,7 @@ class QuantizeInt8(Pass):
          runs (amp's ``search_fp32_set``; the same result as removing them one at a time when the
          error falls as layers return to float, in about 2 log2(k) + 2 runs instead of k).
 
-    Statistics: ``target``, ``calibration``, ``percentile``, ``calibration_feeds``, ``budget``,
+    Statistics: ``target``, ``activations``, ``outputs_quantized``, ``fusedconv_split``, ``calibration``, ``percentile``, ``calibration_feeds``, ``budget``,
     ``metric``, ``error`` (measured on the calibration feeds for the written graph),
     ``within_budget``, ``quantized_layers``, ``float_layers``, ``layers`` (name, op, precision,
     why, max_rel, mean_rel), ``search``, ``opset_raised``, ``qdq_nodes``, ``weight_bytes_saved``.
@@ -78,6 +85,11 @@ class QuantizeInt8(Pass):
             dims: sizes of symbolic input dimensions for random feeds, e.g. ``x[2]=64;x[3]=64``.
             exclude: node names or op types that stay float32, separated by ``;`` or by commas in
                 quotes (``exclude='conv1,Gemm'``).
+            activations: activation codes: ``int8`` (zero point 0, TensorRT), ``uint8`` (zero
+                point 128: the same symmetric grid, ONNX Runtime's x86 U8S8 kernels) or ``auto``
+                (uint8 on the cpu target, int8 on GPU targets).
+            outputs: also quantize each quantized layer's output (ONNX Runtime's QDQ node units
+                ``DQ -> Conv -> Q``); None: on the cpu target only.
             target: target profile name (the pipeline's ``--target`` when built by the CLI).
         """
 
@@ -90,6 +102,8 @@ class QuantizeInt8(Pass):
         seed: int = 0
         dims: str = ""
         exclude: str = ""
+        activations: Literal["auto", "int8", "uint8"] = "auto"
+        outputs: Optional[bool] = None
         target: str = "cpu"
 
     def _validate(self) -> None:
@@ -137,7 +151,16 @@ class QuantizeInt8(Pass):
                                  "calibration": o.calibration, "budget": o.budget, "metric": o.metric}
         if o.calibration == "percentile":
             stats["percentile"] = o.percentile
+        unsigned = o.activations == "uint8" or (o.activations == "auto" and not target.is_gpu)
+        outputs = o.outputs if o.outputs is not None else not target.is_gpu
+        stats.update(activations="uint8 (zero point 128)" if unsigned else "int8 (zero point 0)",
+                     outputs_quantized=outputs)
         layers, skipped = find_layers(model.graph, exclude)
+        nodes = list(model.graph)
+        split = [nodes[l.position] for l in layers if l.op == "FusedConv"]
+        if split:  # ONNX Runtime has no int8 FusedConv: Conv + activation again
+            stats["fusedconv_split"] = sum(unfuse_conv(model.graph, n) for n in split)
+            layers, skipped = find_layers(model.graph, exclude)
         if not layers:
             stats.update(quantized_layers=0, float_layers=len(skipped), error=0.0,
                          layers=[{"name": k, "precision": "fp32", "why": v} for k, v in skipped.items()])
@@ -150,25 +173,25 @@ class QuantizeInt8(Pass):
         feeds = self._feeds(model)
         stats["calibration_feeds"] = len(feeds)
         try:
-            scales, reference = calibrate(model, layers, feeds, o.calibration, o.percentile)
+            scales, reference = calibrate(model, layers, feeds, o.calibration, o.percentile, outputs)
         except Exception as e:  # the user's model or feeds, before passctl changed anything
             raise UserError(f"quantize-int8: ONNX Runtime cannot run the float32 model on the "
                             f"calibration feeds ({type(e).__name__}: {str(e).splitlines()[0][:300]}); "
                             "fix the feeds (calib=, dims=)") from e
         cache: WeightCache = {}
-        sens = sensitivity(model, layers, scales, feeds, cache)
+        sens = sensitivity(model, layers, scales, feeds, cache, unsigned, outputs)
         own = sens.max_rel if o.metric == "max-rel" else sens.mean_rel
         ranking = sorted(layers, key=lambda l: (-own[l.position], l.position))
 
         def evaluate(k: int) -> float:
             trial = clone_model(model)
-            apply_qdq(trial, ranking[k:], scales, cache)
+            apply_qdq(trial, ranking[k:], scales, cache, unsigned, outputs)
             return output_error(reference, run_model(trial, feeds), o.metric)
 
         start = time.perf_counter()
         result = search_fp32_set(ranking, evaluate, o.budget)
         quantized = ranking[result.count:]
-        added = apply_qdq(model, quantized, scales, cache)
+        added = apply_qdq(model, quantized, scales, cache, unsigned, outputs)
         stats["search"] = {"seconds": round(time.perf_counter() - start, 3),
                            "measure_seconds": round(sens.seconds, 3), "runs": len(result.history),
                            "history": [[k, _round(e)] for k, e in result.history]}

@@ -97,14 +97,20 @@ def test_weight_scales_and_zero_points_match_numpy():
     assert all(inits[b].data_type == TensorProto.FLOAT for b in biases.values())  # bias stays float32
 
 
-@pytest.mark.parametrize("calibration", ["minmax", "percentile"])
-def test_activation_scales_from_calibration(calibration):
+@pytest.mark.parametrize("calibration,target", [("minmax", "a10"), ("percentile", "a10"),
+                                                ("minmax", "cpu")])
+def test_activation_scales_from_calibration(calibration, target):
     original = _small_model()
-    _, proto, stats = _quantize(original, f"budget=10,calibration={calibration},percentile=90")
+    _, proto, stats = _quantize(original, f"budget=10,calibration={calibration},percentile=90",
+                                target)
     feeds = _feeds()
     x = np.concatenate([np.abs(f["x"]).ravel() for f in feeds])
     q, scale, zero, _ = _dq_of(proto, "conv", 0)
-    assert q.op_type == "QuantizeLinear" and zero.dtype == np.int8 and zero == 0
+    assert q.op_type == "QuantizeLinear"
+    if target == "cpu":  # ONNX Runtime's U8S8 form: uint8, zero point 128, the same grid
+        assert zero.dtype == np.uint8 and zero == 128
+    else:  # TensorRT: int8, zero point 0
+        assert zero.dtype == np.int8 and zero == 0
     want = (x.max() if calibration == "minmax" else np.percentile(x, 90)) / 127.0
     np.testing.assert_allclose(float(scale), want, rtol=1e-6)
     # the MatMul's input: the model's own intermediate value, computed by ONNX Runtime here
@@ -119,9 +125,10 @@ def test_activation_scales_from_calibration(calibration):
     assert stats["calibration"] == calibration and stats["calibration_feeds"] == 2
 
 
-def test_qdq_model_runs_and_error_is_the_reported_one():
+@pytest.mark.parametrize("target", ["cpu", "a10"])
+def test_qdq_model_runs_and_error_is_the_reported_one(target):
     original = _small_model()
-    _, proto, stats = _quantize(original, "budget=10,metric=mean-rel")
+    _, proto, stats = _quantize(original, "budget=10,metric=mean-rel", target)
     onnx.checker.check_model(proto)
     worst = 0.0
     for feed in _feeds():
@@ -147,15 +154,15 @@ def test_tiny_budget_puts_layers_back_to_float():
         r, c = _run(original, feed).astype(np.float64), _run(proto, feed).astype(np.float64)
         worst = max(worst, np.abs(r - c).max() / np.abs(r).max())
     assert worst <= 1e-4 and worst == pytest.approx(stats["error"], rel=1e-3, abs=1e-9)
-    dq_consumers = {n.name for n in proto.graph.node for i in n.input
-                    if any(o == i for d in proto.graph.node if d.op_type == "DequantizeLinear"
-                           for o in d.output)}
-    assert not dq_consumers & {l["name"] for l in kept}  # float layers read no DequantizeLinear
+    produced = {o: n.op_type for n in proto.graph.node for o in n.output}
+    for node in proto.graph.node:  # float layers read their float32 weight, no DequantizeLinear
+        if node.name in {l["name"] for l in kept}:
+            assert produced.get(node.input[1]) is None
 
 
 @pytest.mark.parametrize("exclude", ["'conv,Gemm'", "conv;Gemm"])
 def test_exclude_by_name_and_op_type(exclude):
-    _, proto, stats = _quantize(_small_model(), f"budget=10,exclude={exclude}")
+    _, proto, stats = _quantize(_small_model(), f"budget=10,exclude={exclude}", "a10")
     kept = {l["name"]: l["why"] for l in stats["layers"] if l["precision"] == "fp32"}
     assert kept == {"conv": "excluded (exclude option)", "gemm": "excluded (exclude option)"}
     assert [n.op_type for n in proto.graph.node].count("QuantizeLinear") == 1
@@ -183,3 +190,38 @@ def test_unknown_calibration_is_a_pipeline_error():
 def test_qdq_graph_passes_tensorrt_support_check():
     model, _, _ = _quantize(_small_model(), "budget=10", target="a10")
     assert check_support(model) == []
+
+
+def test_cpu_form_becomes_onnxruntime_int8_kernels(tmp_path):
+    # cpu: outputs quantized too, so ONNX Runtime's QDQ fusions turn the node units into int8 ops
+    _, proto, stats = _quantize(_small_model(), "budget=10")
+    assert stats["outputs_quantized"] and stats["activations"] == "uint8 (zero point 128)"
+    produced = {o: n for n in proto.graph.node for o in n.output}
+    conv = next(n for n in proto.graph.node if n.name == "conv")
+    readers = [n for n in proto.graph.node if conv.output[0] in n.input]
+    assert [n.op_type for n in readers] == ["QuantizeLinear"]
+    assert produced[conv.input[0]].op_type == "DequantizeLinear"
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert "QLinearConv" in ops and "Conv" not in ops
+
+
+def test_fusedconv_is_split_and_quantized():
+    # cleanup,fuse on cpu makes Conv + Relu a com.microsoft FusedConv, which has no int8 kernel
+    original = _small_model()
+    model = from_onnx(original)
+    PassManager(build_pipeline("cleanup,fuse", "cpu")).run(model)
+    assert "FusedConv" in {n.op_type for n in model.graph}
+    result = PassManager(build_pipeline("quantize{budget=10}", "cpu")).run(model)
+    stats = next(r.stats for r in result.records if r.name == "quantize-int8")
+    proto = to_onnx(model)
+    ops = [n.op_type for n in proto.graph.node]
+    assert "FusedConv" not in ops and "Relu" in ops and ops.count("Conv") == 1
+    assert stats["fusedconv_split"] == 1 and stats["quantized_layers"] == 3
+    worst = 0.0
+    for feed in _feeds():
+        r, c = _run(original, feed).astype(np.float64), _run(proto, feed).astype(np.float64)
+        worst = max(worst, np.abs(r - c).sum() / np.abs(r).sum())
+    assert 0 < worst and worst == pytest.approx(stats["error"], rel=1e-2)
