@@ -337,10 +337,15 @@ def _verify_input(model, path: str) -> None:
     """Verify the imported model before any pass (an invalid input is the user's, not a crash).
 
     Raises:
-        UserError: the verifier finds an error; the message is its first error, naming the node.
+        UserError: the graph has no outputs, or the verifier finds an error; the message is its
+            first error, naming the node.
     """
     from passctl.ir.verifier import verify
 
+    if not model.graph.outputs:
+        raise UserError(f"{path}: the graph declares no outputs, so every node is dead code and "
+                        "there is nothing to compile; add the values the model returns to "
+                        "graph.output")
     errors = [d for d in verify(model, check_output_types=False) if d.severity == "error"]
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -462,12 +467,32 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         except (UserError, InternalError):
             raise
         except Exception as e:
+            _raise_if_ort_refuses_original(e, reference, path)
             raise InternalError(f"emitting for {target.name} with {emitter.name} failed: "
                                 f"{type(e).__name__}: {e}",
                                 write_crash_folder(args.reproducer_dir, argv, e, model)) from e
     if not args.quiet:
         print_summary(console, report)
     return report
+
+
+def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: str) -> None:
+    """After the emitter's ONNX Runtime load check failed (an ``EmitError``): when ONNX Runtime
+    refuses the original model too, the problem is the user's input, not passctl's output.
+
+    Raises:
+        UserError: ONNX Runtime cannot load ``reference`` (the input, or the exported ``.pir``
+            input) either; one line naming ``path``, the node and op, and what to do
+            (:func:`passctl.tools.ort_refusal.explain_refusal`).
+    """
+    from passctl.targets.base import EmitError
+    from passctl.tools.ort_refusal import explain_refusal
+
+    if not isinstance(error, EmitError):
+        return
+    message = explain_refusal(reference, path)
+    if message is not None:
+        raise UserError(message) from error
 
 
 def _check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],

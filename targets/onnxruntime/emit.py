@@ -174,7 +174,7 @@ def load_check(path: str) -> Dict[str, Any]:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: the exception carries the message (no stray log line)
     start = time.perf_counter()
     try:
         sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
