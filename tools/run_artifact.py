@@ -32,11 +32,19 @@ def add_parser(sub) -> None:
 def artifact_kind(folder: str) -> str:
     """``"tvm"``, ``"tensorrt"`` or ``"onnxruntime"`` from the files in ``folder``.
 
+    A ``manifest.json`` of a TVM or TensorRT artifact schema makes it that kind; else a
+    ``session.json`` makes it an ONNX Runtime artifact.
+
     Raises:
-        UserError: ``folder`` is not a folder or holds neither artifact.
+        UserError: ``folder`` is not a folder, holds neither artifact, or its only
+            ``manifest.json`` is unreadable, not JSON, or has a missing or unknown ``schema``.
     """
+    import json
+
     from passctl.targets.tensorrt import is_tensorrt_artifact
-    from passctl.targets.tvm.runtime import MANIFEST_FILE, is_tvm_artifact
+    from passctl.targets.tensorrt.emit import MANIFEST_SCHEMA as TRT_SCHEMA
+    from passctl.targets.tvm.runtime import MANIFEST_FILE, MANIFEST_SCHEMA as TVM_SCHEMA
+    from passctl.targets.tvm.runtime import is_tvm_artifact
 
     if not os.path.isdir(folder):
         raise UserError(f"artifact '{folder}' is not a folder; give the -o folder of passctl compile")
@@ -46,14 +54,67 @@ def artifact_kind(folder: str) -> str:
         return "tensorrt"
     if os.path.isfile(os.path.join(folder, "session.json")):
         return "onnxruntime"
+    manifest = os.path.join(folder, MANIFEST_FILE)
+    if os.path.lexists(manifest):
+        try:
+            with open(manifest) as f:
+                data = json.load(f)
+        except OSError as e:
+            raise _damaged(folder, MANIFEST_FILE, f"cannot be read ({e.strerror})") from None
+        except ValueError:
+            raise _damaged(folder, MANIFEST_FILE, "is not valid JSON") from None
+        schema = data.get("schema") if isinstance(data, dict) else None
+        known = f"this passctl reads '{TVM_SCHEMA}' (TVM) and '{TRT_SCHEMA}' (TensorRT)"
+        if schema is None:
+            raise _damaged(folder, MANIFEST_FILE, f"has no 'schema' entry ({known})")
+        raise _damaged(folder, MANIFEST_FILE, f"has the unknown schema {schema!r} ({known})")
     raise UserError(f"artifact '{folder}' has neither session.json (ONNX Runtime) nor a TVM or "
                     f"TensorRT {MANIFEST_FILE}; give the -o folder of passctl compile")
+
+
+def _damaged(folder: str, name: str, what: str) -> UserError:
+    """The one-line error for a damaged artifact file: ``artifact 'F': NAME WHAT; re-run ...``."""
+    return UserError(f"artifact '{folder}': {name} {what}; re-run passctl compile to write the "
+                     "artifact again")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def _load_header(folder: str):
+    """The artifact's ``model.onnx`` without its weights (the inputs for ``make_inputs``).
+
+    Raises:
+        UserError: ``model.onnx`` is missing or not an ONNX file.
+    """
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        return onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
+    except FileNotFoundError:
+        raise _damaged(folder, "model.onnx", "is missing") from None
+    except (DecodeError, OSError, ValueError):
+        raise _damaged(folder, "model.onnx", "is not a valid ONNX file") from None
+
+
+def _ort_error(e: BaseException) -> bool:
+    """True for the exceptions ONNX Runtime raises when a model does not load."""
+    return type(e).__module__.startswith("onnxruntime")
 
 
 class _Runner:
     """One loaded artifact: its input declarations (an ONNX header for make_inputs) and a run()."""
 
     def __init__(self, folder: str):
+        """Load the artifact in ``folder``.
+
+        Raises:
+            UserError: not an artifact, a damaged file (named, with "re-run passctl compile"), or
+                apache-tvm missing for a TVM artifact.
+        """
         import onnx
 
         self.kind = artifact_kind(folder)
@@ -62,23 +123,39 @@ class _Runner:
 
             try:
                 self.tvm = load_artifact(folder)
+                graph_inputs = [onnx.helper.make_tensor_value_info(
+                    i["name"], onnx.helper.np_dtype_to_tensor_dtype(np.dtype(i["dtype"])), i["shape"])
+                    for i in self.tvm.manifest["inputs"]]
             except ImportError as e:
                 raise UserError(f"artifact '{folder}' is a TVM artifact; running it needs apache-tvm "
                                 f"(pip install 'passctl[tvm]'): {e}") from e
-            graph_inputs = [onnx.helper.make_tensor_value_info(
-                i["name"], onnx.helper.np_dtype_to_tensor_dtype(np.dtype(i["dtype"])), i["shape"])
-                for i in self.tvm.manifest["inputs"]]
+            except (KeyError, TypeError, ValueError) as e:
+                raise _damaged(folder, "manifest.json", f"lacks an entry or has a wrong one "
+                               f"({type(e).__name__}: {_first_line(e)})") from None
             self.header = onnx.helper.make_model(onnx.helper.make_graph([], "inputs", graph_inputs, []))
-        elif self.kind == "tensorrt":  # its model.onnx: the network TensorRT parses, run on the CPU
-            from passctl.tools.check import cpu_session
+            return
+        self.header = _load_header(folder)
+        try:
+            if self.kind == "tensorrt":  # its model.onnx: the network TensorRT parses, run on the CPU
+                from passctl.tools.check import cpu_session
 
-            self.session = cpu_session(os.path.join(folder, "model.onnx"), optimize=True)
-            self.header = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
-        else:
-            from passctl.targets.onnxruntime import create_session
+                self.session = cpu_session(os.path.join(folder, "model.onnx"), optimize=True)
+            else:
+                from passctl.targets.onnxruntime import create_session
 
-            self.session = create_session(folder)
-            self.header = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
+                try:
+                    self.session = create_session(folder)
+                except (KeyError, TypeError, ValueError, AttributeError) as e:
+                    import json
+
+                    what = ("is not valid JSON" if isinstance(e, json.JSONDecodeError) else
+                            f"lacks an entry or has a wrong one ({type(e).__name__}: {_first_line(e)})")
+                    raise _damaged(folder, "session.json", what) from None
+        except Exception as e:
+            if not _ort_error(e):
+                raise
+            raise _damaged(folder, "model.onnx", "does not load in ONNX Runtime "
+                           f"({_first_line(e)})") from None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
         if self.kind == "tvm":

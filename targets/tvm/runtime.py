@@ -71,9 +71,9 @@ class TvmArtifact:
                             f"needs {kind} device {device_id}, which this machine does not have "
                             "(no CUDA driver or GPU); run it on the machine it was built for")
         self.device = rt.device(kind, device_id)
-        lib = rt.load_module(os.path.join(folder, self.manifest["library"]))
+        lib = _load_file(folder, self.manifest["library"], rt.load_module)
         self.vm = VirtualMachine(lib, self.device)
-        params = rt.load_param_dict_from_file(os.path.join(folder, self.manifest["params"]))
+        params = _load_file(folder, self.manifest["params"], rt.load_param_dict_from_file)
         self.params = [rt.tensor(params[n].numpy(), self.device) for n in self.manifest["param_names"]]
         transform = self.manifest.get("transform_params")
         if transform:  # weights into the kernels' layout, once (LiftTransformParams)
@@ -135,6 +135,26 @@ class TvmArtifact:
             self.device.sync()
             times.append((time.perf_counter() - start) * 1e3)
         return times
+
+
+def _load_file(folder: str, name: str, load: Callable):
+    """``load(folder/name)``, a damaged or missing file reported as a one-line UserError.
+
+    Raises:
+        UserError: ``tvm.runtime`` cannot load the file (TVM raises ``tvm.error.InternalError``, a
+            RuntimeError, for a truncated library or a params file of another format).
+    """
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        raise UserError(f"artifact '{folder}': {name} is missing; re-run passctl compile to write "
+                        "the artifact again")
+    try:
+        return load(path)
+    except (RuntimeError, OSError, ValueError) as e:
+        text = str(e).strip()
+        first = text.splitlines()[-1][:200] if text else type(e).__name__
+        raise UserError(f"artifact '{folder}': {name} cannot be loaded by tvm.runtime ({first}); "
+                        "re-run passctl compile to write the artifact again") from None
 
 
 def load_artifact(folder: str, device_id: int = 0) -> TvmArtifact:
