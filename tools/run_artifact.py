@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import statistics
@@ -262,6 +263,8 @@ def main(args, console) -> int:
     """The ``run`` subcommand: print one line per output and the median latency; return 0."""
     from passctl.tools.compile import parse_dims
 
+    if args.save_outputs:
+        check_save_path(args.save_outputs)
     kind, outputs, times = run_artifact(args.artifact, args.inputs, args.runs, args.warmup,
                                         args.seed, parse_dims(args.dim))
     console.print(f"{args.artifact}: {kind} artifact{_provider_note(args.artifact, kind)}",
@@ -272,10 +275,76 @@ def main(args, console) -> int:
                   f"(min {min(times):.3f}, max {max(times):.3f}; {args.warmup} warm-up)",
                   markup=False, highlight=False)
     if args.save_outputs:
-        tmp = args.save_outputs + ".tmp.npz"
-        np.savez(tmp, **outputs)
-        os.replace(tmp, args.save_outputs)
+        save_outputs(args.save_outputs, outputs)
     return 0
 
 
-__all__ = ["add_parser", "artifact_kind", "main", "profile_opt_dims", "run_artifact", "summarize"]
+def check_save_path(path: str) -> None:
+    """Refuse a ``--save-outputs`` path that cannot or must not be written, before any run.
+
+    Raises:
+        UserError: ``path`` exists and is not a regular file (a folder, a symbolic link, a device
+            node, a FIFO, a socket: never replaced), or its folder is missing, not a folder or not
+            writable. One line naming the path and what to do.
+    """
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    except OSError as e:
+        raise UserError(f"--save-outputs '{path}': cannot inspect it ({e.strerror}); give another "
+                        "file path") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        what = ("a folder" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
+                else "a device node" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        hint = (f"e.g. {os.path.join(path, 'outputs.npz')}" if stat.S_ISDIR(mode)
+                else f"e.g. the file it points to, {os.path.realpath(path)}"
+                if stat.S_ISLNK(mode) else "a new .npz file")
+        raise UserError(f"--save-outputs '{path}' is {what} and is never replaced; give a file "
+                        f"path ({hint})")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        what = "does not exist" if not os.path.lexists(parent) else "is not a folder"
+        raise UserError(f"--save-outputs '{path}': the folder '{parent}' {what}; create it or "
+                        "give another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--save-outputs '{path}': cannot write in '{parent}' (permission denied); "
+                        "give a writable path")
+
+
+def save_outputs(path: str, outputs: Mapping[str, np.ndarray]) -> None:
+    """Write ``outputs`` to the ``.npz`` file ``path`` (exactly that name: no ``.npz`` is
+    appended) through a temporary file in the same folder renamed onto ``path``, so an existing
+    file is replaced only by a complete one and nothing is left behind on failure.
+
+    Raises:
+        UserError: as :func:`check_save_path`, or the write fails (e.g. the disk is full).
+    """
+    import tempfile
+
+    check_save_path(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **outputs)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; a plain open would not
+        check_save_path(path)  # it may have become something else while the file was written
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, OSError):
+            raise UserError(f"--save-outputs '{path}': cannot write it ({e.strerror}); give "
+                            "another path") from None
+        raise
+
+
+__all__ = ["add_parser", "artifact_kind", "check_save_path", "main", "profile_opt_dims", "run_artifact",
+           "save_outputs", "summarize"]
