@@ -89,7 +89,8 @@ class TvmArtifact:
             raise KeyError(f"missing inputs {missing}; the artifact takes {self.input_names}")
         args = []
         for spec in self.manifest["inputs"]:
-            array = np.ascontiguousarray(feeds[spec["name"]], dtype=spec["dtype"])
+            # np.asarray keeps a rank-0 (scalar) input rank 0; np.ascontiguousarray makes it [1]
+            array = np.asarray(feeds[spec["name"]], dtype=spec["dtype"], order="C")
             if list(array.shape) != list(spec["shape"]):
                 raise ValueError(f"input '{spec['name']}' has shape {list(array.shape)}; the artifact "
                                  f"was built for {spec['shape']}")
