@@ -17,7 +17,7 @@ from passctl.tools.inputs import make_inputs
 logger = logging.getLogger(__name__)
 
 __all__ = ["CheckResult", "OutputDiff", "DEFAULT_RTOL", "REL_FLOOR", "check_models", "compare",
-           "make_inputs", "run_onnxruntime"]
+           "make_inputs", "run_onnxruntime", "uninformative_outputs"]
 
 DEFAULT_RTOL = 1e-4
 """Default bound on :attr:`OutputDiff.max_rel` for float32 graph rewrites."""
@@ -247,6 +247,45 @@ def compare(reference: Mapping[str, Any], candidate: Mapping[str, Any]) -> Check
         result.outputs[name] = _diff_one(name, ref, candidate[name])
     result.extra = [name for name in candidate if name not in reference]
     return result
+
+
+def uninformative_outputs(reference: Mapping[str, Any], atol: float = 0.0) -> Dict[str, str]:
+    """Reference outputs on which a numeric check can hardly fail, with why.
+
+    An output is uninformative when some of its values are NaN or infinite (those positions only
+    have to be equally non-finite), when no finite value exceeds ``atol`` in magnitude (any
+    candidate within ``atol`` of zero passes; all zero in particular), or when it has more than one
+    value and all are equal (a constant says nothing about the computation). Non-numeric outputs
+    (strings, sequences) are not judged.
+
+    Args:
+        reference: ``{output name: array}`` of the reference (original model) run.
+        atol: the check's absolute tolerance.
+
+    Returns:
+        ``{output name: reason}``, e.g. ``{"prob": "has no value above atol (max |value| 6e-08 <=
+        2.4e-07)"}``, in output order; empty when every output is informative.
+    """
+    reasons: Dict[str, str] = {}
+    for name, value in reference.items():
+        array = np.asarray(value)
+        if array.dtype.kind not in "biufc" or array.size == 0:
+            continue
+        values = array.astype(np.complex128 if array.dtype.kind == "c" else np.float64).ravel()
+        finite = np.isfinite(values)
+        if not finite.all():
+            count = int(values.size - np.count_nonzero(finite))
+            reasons[name] = f"is NaN/inf at {count} of {values.size} values"
+            continue
+        largest = float(np.max(np.abs(values)))
+        if largest == 0.0:
+            reasons[name] = "is all zero"
+        elif largest <= atol:
+            reasons[name] = f"has no value above atol (max |value| {largest:.3g} <= {atol:g})"
+        elif values.size > 1 and np.all(values == values[0]):
+            first = values[0].real if array.dtype.kind != "c" else values[0]
+            reasons[name] = f"is constant (every value is {first:g})"
+    return reasons
 
 
 def check_models(reference: ModelLike, candidate: ModelLike,

@@ -6,6 +6,7 @@ import logging
 import os
 import shlex
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -444,6 +445,9 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                 progress.update("checking against the original", advance=1)
                 report["check"] = _run_check(reference, os.path.join(folder, "model.onnx"), args,
                                              dims, overrides)
+                for warning in report["check"]["warnings"]:
+                    report["warnings"].append(warning)
+                    print(f"passctl: warning: {warning}", file=sys.stderr)
             t_end = time.perf_counter()
             timing = dict(load_s=t_loaded - start, passes_s=t_passes - t_loaded,
                           emit_s=t_emitted - t_passes, check_s=t_end - t_emitted,
@@ -555,6 +559,7 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
         raise UserError(f"--check: the original model fails on the seeded inputs ({shapes}): "
                         f"{first}; give sizes that fit with --dim NAME=SIZE or arrays with "
                         "--inputs FILE.npz") from e
+    warnings = _vacuous_check_warnings(want, args.atol, plan.dims, sources, overrides)
     got = load_artifact(folder).run(inputs) if tvm else run_onnxruntime(candidate, inputs)
     result = compare(want, got)
     entry = result.to_dict(args.rtol)
@@ -569,5 +574,31 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
                 for k, v in inputs.items()],
         max_abs=max((o.max_abs for o in finite), default=0.0),
         max_rel=result.max_rel if result.max_rel != float("inf") else "inf",
-        failures=failures)
+        failures=failures, warnings=warnings,
+        passed_on_atol=[d.name for d in result.outputs.values()
+                        if d.ok(args.rtol, args.atol) and not d.ok(args.rtol, 0.0)])
     return entry
+
+
+def _vacuous_check_warnings(want: Dict[str, Any], atol: float, dims: Dict[str, int],
+                            sources: Dict[str, str], overrides: Dict[str, Any]) -> List[str]:
+    """One warning when the original's outputs on the check's inputs leave little to compare
+    (:func:`passctl.tools.check.uninformative_outputs`), saying how to get telling inputs."""
+    from passctl.tools.check import uninformative_outputs
+
+    reasons = uninformative_outputs(want, atol)
+    if not reasons:
+        return []
+    parts = [f"'{name}' {why}" for name, why in reasons.items()]
+    listed = "; ".join(parts[:3]) + (f"; and {len(parts) - 3} more" if len(parts) > 3 else "")
+    defaults = [f"{k}={v}" for k, v in dims.items() if sources.get(k) == "default"]
+    if defaults:
+        todo = (f"give realistic sizes with --dim NAME=SIZE (defaults used: {', '.join(defaults)})"
+                " or real data with --inputs FILE.npz")
+    elif overrides:
+        todo = "give other arrays with --inputs FILE.npz"
+    else:
+        todo = "give real data with --inputs FILE.npz"
+    noun = "output" if len(parts) == 1 else "outputs"
+    return [f"--check: the original's {noun} {listed} on these inputs, so the check can hardly "
+            f"fail; {todo}"]

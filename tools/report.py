@@ -97,9 +97,22 @@ def print_summary(console, report: Dict[str, Any]) -> None:
                     if sources.get(k) == "default"]
         note = (f"; default sizes {', '.join(defaults)} (set them with --dim NAME=SIZE)"
                 if defaults else "")
+        given = len(check.get("overridden") or [])
+        seeded = len(check["inputs"]) - given
+        if not seeded:
+            used = f"{given} given input(s) from --inputs"
+        elif given:
+            used = (f"{len(check['inputs'])} input(s): {given} given (--inputs), {seeded} seeded "
+                    f"with seed {check['seed']}")
+        else:
+            used = f"{seeded} seeded input(s), seed {check['seed']}"
+        on_atol = check.get("passed_on_atol") or []
+        if on_atol and check["ok"]:
+            note += (f"; passed on atol: max abs error <= {check['atol']:g} though max rel error > "
+                     f"rtol {check['rtol']:g} ({', '.join(on_atol)})")
         console.print(f"check: max abs error {_fmt_err(check['max_abs'])}, max rel error "
                       f"{_fmt_err(check['max_rel'])} (worst output '{worst['name']}') on "
-                      f"{len(check['inputs'])} seeded input(s), seed {check['seed']}{note}")
+                      f"{used}{note}")
     console.print(f"time: {report['timing']['total_s']:.2f} s; "
                   f"artifact: {report['artifact']['path']}")
 
