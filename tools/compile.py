@@ -278,9 +278,11 @@ def _default_rtol(args, flat, console) -> None:
                       "(give --rtol to change it)", markup=False, highlight=False)
 
 
-def _check_inputs(reference: str, dims: Dict[str, int], overrides: Dict[str, Any]) -> None:
-    """Check ``--dim`` names and sizes and ``--inputs`` arrays against the model's graph inputs up
-    front (before any pass runs).
+def _check_inputs(reference: str, dims: Dict[str, int], overrides: Dict[str, Any],
+                  checking: bool) -> None:
+    """Check ``--dim`` names and ``--inputs`` arrays against the model's graph inputs up front
+    (before any pass runs); with ``checking`` (``--check`` or ``--check-each``) also resolve every
+    input's shape, so sizes that do not fit in memory fail now.
 
     Raises:
         UserError: a ``--dim`` name matches no symbolic dimension, an array names no input or has
@@ -291,7 +293,8 @@ def _check_inputs(reference: str, dims: Dict[str, int], overrides: Dict[str, Any
 
     if dims:
         check_dim_names(reference, dims)
-    plan_inputs(reference, dim_values=dims, overrides=overrides)
+    if checking or overrides:
+        plan_inputs(reference, dim_values=dims, overrides=overrides)
 
 
 def _check_writable_folder(folder: str, option: str) -> None:
@@ -393,7 +396,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         progress.update("loaded", advance=1)
         t_loaded = time.perf_counter()
 
-        _check_inputs(reference, dims, overrides)
+        _check_inputs(reference, dims, overrides, bool(args.check or args.check_each))
         _check_print_ir_names(args, flat)
         if args.dump_ir:
             _check_writable_folder(args.dump_ir, "--dump-ir")

@@ -93,3 +93,20 @@ def test_dims_too_large_for_memory(cli, tmp_path):
     r = cli("run", tmp_path / "art", *huge, "--runs", "1")
     assert r.rc == 2 and len(r.err.strip().splitlines()) == 1, r.err
     assert "36.4 TiB" in r.err and "Traceback" not in r.err
+
+
+def test_string_input_compiles_without_check(cli, tmp_path):
+    """A string input has no random data; compiling without --check must not need any."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"], name="id0"),
+         helper.make_node("Identity", ["s"], ["t"], name="id1")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("s", TensorProto.STRING, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("t", TensorProto.STRING, [2])])
+    path = tmp_path / "str.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    r = cli(path, "-o", tmp_path / "o", "-q")
+    assert r.rc == 0, r.err
+    r = cli(path, "--check", "-o", tmp_path / "o2", "-q")
+    assert r.rc == 2 and "'s' is a string tensor" in r.err
