@@ -147,6 +147,44 @@ class PrintIR:
                        f"{_print_model(model)}")
 
 
+#: The names an IR dump writes (``000_input.pir``, ``003_fold-constants.onnx``, its ``.onnx.data``
+#: and ``.weights``), and the ``.NNN_<pass>.pir.tmp`` a dump stopped mid-write leaves.
+DUMP_FILE = re.compile(r"\.?[0-9]{3}_[A-Za-z0-9_.-]+\.(pir|onnx|onnx\.data|weights|pir\.tmp)")
+
+
+def check_dump_folder(directory: Union[str, os.PathLike]) -> None:
+    """Refuse an IR dump folder that holds anything besides an earlier dump's files.
+
+    A dump overwrites the files it writes; a missing or empty folder, or one holding only plain
+    files whose names match :data:`DUMP_FILE`, is accepted.
+
+    Raises:
+        UserError: one line naming the folder, its first foreign entry (a user file, a subfolder,
+            a link, a FIFO...) and what to do.
+    """
+    import stat
+
+    from passctl.ir.errors import UserError
+
+    try:
+        names = sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as e:
+        raise UserError(f"IR dump folder '{directory}' (--dump-ir): cannot list it ({e.strerror}); "
+                        "give a new or empty folder") from None
+    for name in names:
+        try:
+            plain = stat.S_ISREG(os.lstat(os.path.join(directory, name)).st_mode)
+        except OSError:
+            plain = False
+        if not plain or not DUMP_FILE.fullmatch(name):
+            what = "a file" if plain else "an entry"
+            raise UserError(f"IR dump folder '{directory}' (--dump-ir) holds '{name}', {what} an "
+                            "earlier dump did not write (dumps write NNN_<pass>.pir/.onnx/.weights "
+                            "and overwrite them); give a new or empty folder")
+
+
 class DumpIR:
     """Writes ``000_input.{pir,onnx}`` and, after every pass, ``NNN_<pass>.pir`` and ``NNN_<pass>.onnx``.
 
@@ -155,14 +193,22 @@ class DumpIR:
     constants that the source model does not hold unchanged in ``NNN_<pass>.weights``.
 
     Args:
-        directory: created if missing; existing files of the same names are overwritten.
+        directory: created if missing. An existing folder may hold only an earlier dump's files
+            (:data:`DUMP_FILE`: ``NNN_<pass>.pir`` / ``.onnx`` / ``.onnx.data`` / ``.weights``, all
+            plain files), which are overwritten; anything else is refused, so that no user file
+            of the same name is ever overwritten.
         onnx: also write the ``.onnx`` files (on by default).
+
+    Raises:
+        UserError: ``directory`` holds something that is not a file of an earlier dump (the
+            first one, sorted by name, is named).
     """
 
     def __init__(self, directory, onnx: bool = True):
         self.directory = Path(directory)
         self.onnx = onnx
         self.written: List[Path] = []
+        check_dump_folder(self.directory)
 
     def _dump(self, stem: str, model: Model) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
