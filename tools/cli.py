@@ -79,7 +79,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _tolerance(text: str) -> float:
-    """argparse type of ``--rtol`` / ``--atol``: a finite float >= 0 (NaN would pass every check)."""
+    """argparse type of ``--rtol`` / ``--atol``: a finite float >= 0 (NaN passes every check)."""
     try:
         value = float(text)
     except ValueError:
@@ -91,7 +91,8 @@ def _tolerance(text: str) -> float:
 
 
 def seed_value(text: str) -> int:
-    """argparse type of ``--seed``: an integer >= 0 (``numpy.random.default_rng`` refuses negatives)."""
+    """argparse type of ``--seed``: an integer >= 0 (``numpy.random.default_rng`` refuses
+    negative seeds)."""
     try:
         value = int(text)
     except ValueError:
@@ -115,7 +116,8 @@ def check_compile_args(args) -> None:
     """Checks across compile options that argparse cannot express.
 
     Raises:
-        UserError: ``--inputs`` without ``--check`` or ``--check-each`` (the arrays would be ignored).
+        UserError: ``--inputs`` without ``--check`` or ``--check-each`` (the arrays would be
+            ignored).
     """
     if args.inputs and not (args.check or args.check_each):
         raise UserError(f"--inputs '{args.inputs}' is used only by the numeric check and does not "

@@ -285,8 +285,8 @@ class InputPlan:
     """What :func:`make_inputs` will feed, before any random array is drawn.
 
     Attributes:
-        arrays: ``{input name: override array}`` for given inputs, ``(dtype, shape)`` for the others,
-            in graph-input order.
+        arrays: ``{input name: override array}`` for given inputs, ``(dtype, shape)`` for the
+            others, in graph-input order.
         dims: ``{dimension: size}`` for every unknown dimension of the graph inputs (a symbolic
             ``dim_param`` by name, an unnamed one as ``"<input>[<axis>]"``).
         dim_sources: ``{dimension: "given" | "inputs" | "default"}``: from ``dim_values``, from the

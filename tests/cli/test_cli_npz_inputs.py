@@ -1,4 +1,4 @@
-"""A bad --inputs file is a one-line user error naming the file, in compile and in run (break-it 7, 11)."""
+"""A bad --inputs file is a one-line user error naming the file, in compile and run (break-it 7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Option values that make no sense are one-line user errors before any work (break-it findings 6, 11)."""
+"""Option values that make no sense are one-line user errors before any work (break-it 6, 11)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ def test_fold_size_limit_zero_folds_nothing_but_lifts(cli, tmp_path):
                               value=helper.make_tensor("v", TensorProto.FLOAT, [2], [1.0, 4.0])),
              helper.make_node("Sqrt", ["c"], ["s"], name="sqrt0"),
              helper.make_node("Add", ["x", "s"], ["y"], name="add0")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
