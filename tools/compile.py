@@ -250,9 +250,10 @@ def _check_output_path(out: str, model_path: str) -> None:
             if not plain or (n != "report.json" and (n not in own or (
                     n not in listed and n not in later))):
                 what = "" if plain else " (not a plain file)"
-                raise UserError(f"output folder '{shown}' is a passctl {kind or 'compile'} artifact "
-                                f"but also holds '{n}'{what}, which passctl did not write; -o "
-                                "replaces the whole folder: move it out or choose a new or empty -o")
+                raise UserError(f"output folder '{shown}' is a passctl {kind or 'compile'} "
+                                f"artifact but also holds '{n}'{what}, which passctl did not "
+                                "write; -o replaces the whole folder: move it out or choose a "
+                                "new or empty -o")
     if parent and not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"output '{shown}': cannot write in '{parent}' (permission denied); "
                         "choose a writable -o")

@@ -125,8 +125,8 @@ class _Runner:
             try:
                 self.tvm = load_artifact(folder)
                 graph_inputs = [onnx.helper.make_tensor_value_info(
-                    i["name"], onnx.helper.np_dtype_to_tensor_dtype(np.dtype(i["dtype"])), i["shape"])
-                    for i in self.tvm.manifest["inputs"]]
+                    i["name"], onnx.helper.np_dtype_to_tensor_dtype(np.dtype(i["dtype"])),
+                    i["shape"]) for i in self.tvm.manifest["inputs"]]
             except ImportError as e:
                 raise UserError(f"artifact '{folder}' is a TVM artifact; running it needs apache-tvm "
                                 f"(pip install 'passctl[tvm]'): {e}") from e
@@ -137,7 +137,7 @@ class _Runner:
             return
         self.header = _load_header(folder)
         try:
-            if self.kind == "tensorrt":  # its model.onnx: the network TensorRT parses, run on the CPU
+            if self.kind == "tensorrt":  # its model.onnx (the network TensorRT parses) on the CPU
                 from passctl.tools.check import cpu_session
 
                 self.session = cpu_session(os.path.join(folder, "model.onnx"), optimize=True)
@@ -150,7 +150,8 @@ class _Runner:
                     import json
 
                     what = ("is not valid JSON" if isinstance(e, json.JSONDecodeError) else
-                            f"lacks an entry or has a wrong one ({type(e).__name__}: {_first_line(e)})")
+                            "lacks an entry or has a wrong one "
+                            f"({type(e).__name__}: {_first_line(e)})")
                     raise _damaged(folder, "session.json", what) from None
         except Exception as e:
             if not _ort_error(e):
@@ -346,5 +347,5 @@ def save_outputs(path: str, outputs: Mapping[str, np.ndarray]) -> None:
         raise
 
 
-__all__ = ["add_parser", "artifact_kind", "check_save_path", "main", "profile_opt_dims", "run_artifact",
-           "save_outputs", "summarize"]
+__all__ = ["add_parser", "artifact_kind", "check_save_path", "main", "profile_opt_dims",
+           "run_artifact", "save_outputs", "summarize"]

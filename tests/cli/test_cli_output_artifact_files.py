@@ -1,4 +1,5 @@
-"""-o replaces an earlier artifact only when every entry is a plain file its emitter writes (break-it 3)."""
+"""-o replaces an earlier artifact only when every entry is a plain file its emitter writes
+(break-it 3)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def test_a_symlink_inside_the_artifact_is_refused(cli, conv_bn_model, tmp_path):
 
 
 def test_tensorrt_engine_built_later_is_replaced(cli, conv_bn_model, tmp_path):
-    """model.engine is written by the artifact's build_engine.sh after compile (not in report.json)."""
+    """model.engine is written by the artifact's build_engine.sh after compile (not listed in
+    report.json)."""
     out = tmp_path / "trt"
     assert cli(conv_bn_model, "--target", "h100", "--emit", "tensorrt", "-o", out, "-q").rc == 0
     assert (out / "build_engine.sh").is_file()

@@ -1,4 +1,4 @@
-"""-o never replaces what is not a real folder: device nodes, FIFOs, sockets, symbolic links (break-it 1, 13)."""
+"""-o never replaces what is not a real folder: devices, FIFOs, sockets, symlinks (break-it 1, 13)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _one_error_line(r, path) -> str:
 
 
 def _siblings(folder, name):
-    """Names next to ``name`` in ``folder`` that start with ``.name`` (staging or moved-aside leftovers)."""
+    """Names in ``folder`` starting with ``.name`` (staging or moved-aside leftovers)."""
     return sorted(n for n in os.listdir(folder) if n.startswith(f".{name}"))
 
 

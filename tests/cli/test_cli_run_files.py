@@ -1,5 +1,5 @@
-"""``passctl run``: --save-outputs never replaces what is not a file (break-it 2); a damaged artifact
-is one line naming the file and "re-run passctl compile" (break-it 8)."""
+"""``passctl run``: --save-outputs never replaces what is not a file (break-it 2); a damaged
+artifact is one line naming the file and "re-run passctl compile" (break-it 8)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ def test_scalar_input_and_output_match_onnx_runtime(tmp_path):
     artifact = load_artifact(str(tmp_path / "out"))
     assert [i["shape"] for i in artifact.manifest["inputs"]] == [[], [2, 3]]
     a = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
-    for s in (np.array(-1.75, np.float32), np.float32(0.5), 3.0):  # 0-d array, numpy and Python scalar
+    # a 0-d array, a numpy scalar and a Python float
+    for s in (np.array(-1.75, np.float32), np.float32(0.5), 3.0):
         got = artifact.run({"s": s, "a": a})
         want = run_ort(proto, {"s": np.asarray(s, np.float32), "a": a})
         assert got["z"].shape == () and got["y"].shape == (2, 3)
@@ -54,7 +55,8 @@ def test_scalar_input_and_output_match_onnx_runtime(tmp_path):
 def test_scalar_input_of_another_shape_is_still_refused(tmp_path):
     emit_tvm(from_onnx(_scale_proto()), tmp_path / "out", self_check=False)
     artifact = load_artifact(str(tmp_path / "out"))
-    with pytest.raises(ValueError, match=r"input 's' has shape \[1\]; the artifact was built for \[\]"):
+    with pytest.raises(ValueError,
+                       match=r"input 's' has shape \[1\]; the artifact was built for \[\]"):
         artifact.run({"s": np.ones(1, np.float32), "a": np.ones((2, 3), np.float32)})
 
 
