@@ -1,4 +1,4 @@
-"""ONNX Runtime CPU latency and output error: fp32 vs passctl int8 (QDQ) vs ONNX Runtime's quantize_static.
+"""ONNX Runtime CPU latency and output error: fp32, passctl int8 (QDQ), ORT's quantize_static.
 
 Run ``python benchmarks/quantize.py [--models ppocr_det,resnet50] [--runs 20] [--samples 4]``. For
 each model:
@@ -14,7 +14,8 @@ each model:
   ``WeightSymmetric``, MinMax calibration) on the same calibration feeds, ``ORT_ENABLE_ALL``.
 
 Sessions: ``passctl.tools.check.cpu_session`` with 2 intra-op threads, sequential (as
-``benchmarks/ort_cpu.py``); warm-up, then interleaved rounds; the median of ``--runs``. Output error:
+``benchmarks/ort_cpu.py``); warm-up, then interleaved rounds; the median of ``--runs``. Output
+error:
 max-rel and mean-rel of each variant against fp32 with optimizations off, over the calibration feeds
 and over ``--holdout`` feeds not calibrated on (worst feed). Ceiling: the share of fp32 operator
 time in Conv/MatMul/Gemm (ONNX Runtime's profiler, ``benchmarks/ort_cpu.op_time_shares``); int8 can
@@ -92,8 +93,9 @@ def _errors(reference: List[list], candidate: List[list]) -> Dict[str, float]:
     for ref, cand in zip(reference, candidate):
         for r, c in zip(ref, cand):
             r, c = np.asarray(r, np.float64), np.asarray(c, np.float64)
-            worst["max_rel"] = max(worst["max_rel"], np.abs(r - c).max() / max(np.abs(r).max(), 1e-12))
-            worst["mean_rel"] = max(worst["mean_rel"], np.abs(r - c).sum() / max(np.abs(r).sum(), 1e-12))
+            d = np.abs(r - c)
+            worst["max_rel"] = max(worst["max_rel"], d.max() / max(np.abs(r).max(), 1e-12))
+            worst["mean_rel"] = max(worst["mean_rel"], d.sum() / max(np.abs(r).sum(), 1e-12))
     return worst
 
 
@@ -142,12 +144,14 @@ def bench(model_id: str, args) -> List[str]:
                 times[v].append((time.perf_counter() - t) * 1e3)
         ms = {v: statistics.median(t) for v, t in times.items()}
         lines += ["", "| variant | median ms | fp32 / variant | max-rel calib | mean-rel calib | "
-                  "max-rel holdout | mean-rel holdout |", "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "max-rel holdout | mean-rel holdout |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
         for v in paths:
             cal = _errors(outputs["fp32"][:n], outputs[v][:n])
             hold = _errors(outputs["fp32"][n:], outputs[v][n:])
             lines.append(f"| {v} | {ms[v]:.1f} | {ms['fp32'] / ms[v]:.2f} | {cal['max_rel']:.3g} | "
-                         f"{cal['mean_rel']:.3g} | {hold['max_rel']:.3g} | {hold['mean_rel']:.3g} |")
+                         f"{cal['mean_rel']:.3g} | {hold['max_rel']:.3g} | "
+                         f"{hold['mean_rel']:.3g} |")
         for v in list(paths)[1:]:
             prof = op_time_shares(paths[v], feeds[0], 2, 5, tmp)
             top = sorted(prof.items(), key=lambda kv: -kv[1])[:5]
@@ -163,7 +167,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--samples", type=int, default=4, help="calibration feeds")
     parser.add_argument("--holdout", type=int, default=2, help="feeds not calibrated on")
-    parser.add_argument("--pipelines", default="quantize{calib=DIR}|cleanup,fuse,quantize{calib=DIR}",
+    parser.add_argument("--pipelines",
+                        default="quantize{calib=DIR}|cleanup,fuse,quantize{calib=DIR}",
                         help="passctl pipelines separated by '|'; DIR is the calibration folder")
     args = parser.parse_args(argv)
     from passctl_path import ensure_passctl_importable

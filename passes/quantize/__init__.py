@@ -1,4 +1,4 @@
-"""INT8 post-training quantization (the ``quantize`` alias): calibration, QDQ writing, accuracy budget."""
+"""INT8 post-training quantization (the ``quantize`` alias): calibration, QDQ, accuracy budget."""
 
 from passctl.passes.quantize.layers import QuantLayer, find_layers
 from passctl.passes.quantize.quantize_int8 import QuantizeInt8

@@ -98,7 +98,8 @@ def sensitivity(model: Model, layers: Sequence[QuantLayer], scales: Dict[str, fl
     The session runs a copy of the float graph extended, for each layer, with a clone of the node
     that reads its data input through QuantizeLinear -> DequantizeLinear and its weight through
     the int8 DequantizeLinear (exactly what :func:`passctl.passes.quantize.qdq.apply_qdq` writes);
-    the clone's first output (fake-quantized too with ``outputs``) is compared with the float output by scalar reductions (``ReduceMax``
+    the clone's first output (fake-quantized too with ``outputs``) is compared with the float
+    output by scalar reductions (``ReduceMax``
     and ``ReduceSum`` of ``|q - f|`` and of ``|f|``), so one run covers every layer whatever the
     model size (the method of amp's :func:`passctl.passes.precision.sensitivity.measure`).
     """

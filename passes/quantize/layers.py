@@ -65,7 +65,8 @@ def _slots(node: Node) -> Optional[Tuple[int, int, int]]:
     return None
 
 
-def find_layers(graph: Graph, exclude: Sequence[str] = ()) -> Tuple[List[QuantLayer], Dict[str, str]]:
+def find_layers(graph: Graph, exclude: Sequence[str] = ()
+                ) -> Tuple[List[QuantLayer], Dict[str, str]]:
     """The quantizable nodes of ``graph`` (main graph only) and why the other candidates are not.
 
     A node qualifies when its op is in :data:`QUANTIZABLE`, its data input is a non-constant
@@ -82,13 +83,15 @@ def find_layers(graph: Graph, exclude: Sequence[str] = ()) -> Tuple[List[QuantLa
         slots = _slots(node)
         if slots is None:
             continue
-        name = node.name or (node.provenance[0] if node.provenance else f"{node.op_type}@{position}")
+        source = node.provenance[0] if node.provenance else f"{node.op_type}@{position}"
+        name = node.name or source
         if node.op_type in wanted or name in wanted or wanted.intersection(node.provenance):
             skipped[name] = "excluded (exclude option)"
             continue
         data_index, weight_index, axis = slots
         data = node.inputs[data_index] if len(node.inputs) > data_index else None
-        weight = constant_array(node.inputs[weight_index] if len(node.inputs) > weight_index else None)
+        w_value = node.inputs[weight_index] if len(node.inputs) > weight_index else None
+        weight = constant_array(w_value)
         if data is None or constant_array(data) is not None:
             skipped[name] = "its data input is a constant"
             continue

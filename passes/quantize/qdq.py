@@ -1,4 +1,4 @@
-"""Writing QDQ: int8 weights behind DequantizeLinear, QuantizeLinear -> DequantizeLinear on activations."""
+"""Writing QDQ: int8 weights read through DequantizeLinear, Q -> DQ pairs on activations."""
 
 from __future__ import annotations
 
@@ -108,7 +108,8 @@ def apply_qdq(model: Model, layers: Iterable[QuantLayer], act_scales: Mapping[st
         added += 1
         _drop_if_unused(model, old)
         y = node.outputs[0]
-        if outputs and not y.is_graph_output() and y.uses() and y.name in act_scales and y not in shared:
+        if (outputs and not y.is_graph_output() and y.uses() and y.name in act_scales
+                and y not in shared):
             readers = y.uses()
             after = Builder(graph, before=node.next, provenance=node.provenance)
             shared[y] = fake_quantized(after, y, act_scales[y.name], unsigned)
@@ -125,7 +126,8 @@ def _drop_if_unused(model: Model, weight: Value) -> None:
     if weight.uses() or weight.is_graph_output():
         return
     graph = model.graph
-    if weight.is_initializer() and not weight.is_graph_input() and weight.name in graph.initializers:
+    if (weight.is_initializer() and not weight.is_graph_input()
+            and weight.name in graph.initializers):
         graph.remove_initializer(weight.name)
     elif weight.producer is not None and weight.producer.op_type == "Constant":
         graph.remove(weight.producer)

@@ -6,16 +6,16 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Optional
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 from passctl.ir import Model
 from passctl.ir.errors import UserError
 from passctl.passes._snapshot import clone_model
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.precision.amp import parse_dims
-from passctl.passes.precision.sensitivity import (METRICS, calibration_inputs, output_error, run_model,
-                                                  search_fp32_set)
-from passctl.passes.quantize.calibrate import calibrate, sensitivity
+from passctl.passes.precision.sensitivity import (METRICS, calibration_inputs, output_error,
+                                                  run_model, search_fp32_set)
+from passctl.passes.quantize.calibrate import Sensitivity, calibrate, sensitivity
 from passctl.passes.quantize.layers import QUANTIZABLE, QuantLayer, find_layers
 from passctl.passes.quantize.opset import raise_opset
 from passctl.passes.quantize.qdq import QDQ_MIN_OPSET, WeightCache, apply_qdq
@@ -43,8 +43,8 @@ class QuantizeInt8(Pass):
          stay float32. Opsets below 13 are raised to 13 first (``opset.raise_opset``: per-channel
          DequantizeLinear needs ``axis``).
       2. Weights: symmetric per output channel (Conv axis 0, MatMul B ``[K, N]`` axis 1, Gemm
-         transB=1 axis 0), scale ``max |w| / 127``, zero point 0, stored as an int8 initializer read
-         through DequantizeLinear (``scales.weight_scales``). Biases stay float32.
+         transB=1 axis 0), scale ``max |w| / 127``, zero point 0, stored as an int8 initializer
+         read through DequantizeLinear (``scales.weight_scales``). Biases stay float32.
       3. Activations: each layer's data input gets QuantizeLinear -> DequantizeLinear, per tensor,
          symmetric (zero point 0, as TensorRT requires), scale from the calibration feeds
          (``calibration=minmax``: max |x| / 127; ``percentile``: the ``percentile``-th percentile
@@ -56,23 +56,23 @@ class QuantizeInt8(Pass):
          layer's output quantized too, so ``DQ -> Conv/MatMul/Gemm -> Q`` node units become
          QLinearConv / QLinearMatMul / QGemm; FusedConv (no int8 kernel) is split back into Conv +
          activation first (``unfuse.unfuse_conv``). ``activations`` and ``outputs`` override this.
-      5. Budget (``sensitivity=local``; ``auto`` uses it above 64 layers): one more session measures each layer's own
-         int8 error (``calibrate.sensitivity``, its output with only that layer quantized, under
-         ``metric``; ``max-rel`` ranks by max-rel, the others by mean-rel). If the all-int8 model's output error on the calibration feeds is
-         over ``budget``, the most sensitive layers go back to float32 in ranking order: the
-         fewest leading layers that meet the budget, found by galloping + bisection over whole-model
-         runs (amp's ``search_fp32_set``; the same result as removing them one at a time when the
-         error falls as layers return to float, in about 2 log2(k) + 2 runs instead of k).
-         ``sensitivity=output`` ranks by the model-output error of each layer alone in int8 (one
-         model run per layer, only when the all-int8 model misses the budget; ``auto`` up to 64
-         layers): it finds the few layers that dominate the output error when their own error is
-         small (PP-OCRv4 det after cleanup,fuse, 640x640: 49 of 62 layers int8 at mean-rel 0.016
-         in 35 s, against 15 of 62 by the local ranking in 9 s).
+      5. Budget: the all-int8 model's output error on the calibration feeds (amp's
+         ``output_error`` under ``metric``). If it is over ``budget``, layers are ranked by
+         sensitivity: ``output`` (``auto`` up to 64 layers) is the model-output error with only
+         that layer in int8, one model run per layer; ``local`` is each layer's own int8 error
+         measured in one session (``calibrate.sensitivity``; max-rel for ``metric=max-rel``, else
+         mean-rel). The most sensitive layers go back to float32 in ranking order: the fewest
+         leading layers that meet the budget, found by galloping + bisection over whole-model runs
+         (amp's ``search_fp32_set``; the same result as removing them one at a time when the error
+         falls as layers return to float, in about 2 log2(k) + 2 runs instead of k). PP-OCRv4 det
+         after cleanup,fuse (640x640): 49 of 62 layers int8 at mean-rel 0.016 with ``output`` in
+         35 s, 15 of 62 with ``local`` in 9 s.
 
     Statistics: ``target``, ``activations``, ``outputs_quantized``, ``fusedconv_split``,
-    ``calibration``, ``percentile``, ``calibration_feeds``, ``budget``, ``metric``, ``error`` (measured on the calibration feeds for the written graph),
-    ``within_budget``, ``quantized_layers``, ``float_layers``, ``layers`` (name, op, precision,
-    why, max_rel, mean_rel, output_error), ``search``, ``opset_raised``, ``qdq_nodes``, ``weight_bytes_saved``.
+    ``calibration``, ``percentile``, ``calibration_feeds``, ``budget``, ``metric``, ``error``
+    (measured on the calibration feeds for the written graph), ``within_budget``,
+    ``quantized_layers``, ``float_layers``, ``layers`` (name, op, precision, why, max_rel,
+    mean_rel, output_error), ``search``, ``opset_raised``, ``qdq_nodes``, ``weight_bytes_saved``.
     """
 
     name = "quantize-int8"
@@ -125,12 +125,14 @@ class QuantizeInt8(Pass):
             raise UserError(f"quantize-int8: calibration={o.calibration} is unknown; use "
                             f"{', '.join(CALIBRATIONS)}")
         if o.metric not in METRICS:
-            raise UserError(f"quantize-int8: metric={o.metric} is unknown; use {', '.join(METRICS)}")
+            raise UserError(f"quantize-int8: metric={o.metric} is unknown; use "
+                            f"{', '.join(METRICS)}")
         if not 0 < o.percentile <= 100:
             raise UserError(f"quantize-int8: percentile={o.percentile:g} is outside (0, 100]; "
                             "use e.g. percentile=99.99")
         if not o.budget > 0 or math.isnan(o.budget):
-            raise UserError(f"quantize-int8: budget={o.budget:g} must be a positive error such as 2e-2")
+            raise UserError(f"quantize-int8: budget={o.budget:g} must be a positive error such "
+                            "as 2e-2")
         if o.samples < 1:
             raise UserError(f"quantize-int8: samples={o.samples} must be at least 1")
 
@@ -140,15 +142,16 @@ class QuantizeInt8(Pass):
         Raises:
             UserError: an entry matches nothing.
         """
-        entries = [e.strip() for e in self.options.exclude.replace(";", ",").split(",") if e.strip()]
+        text = self.options.exclude.replace(";", ",")
+        entries = [e.strip() for e in text.split(",") if e.strip()]
         known = set(QUANTIZABLE)
-        for i, n in enumerate(model.graph):
+        for n in model.graph:
             known.update((n.name, n.op_type, *n.provenance))
         for e in entries:
             if e not in known:
-                raise UserError(f"quantize-int8: exclude entry '{e}' matches no node name or op type "
-                                f"of the model; give node names (passctl show MODEL) or op types "
-                                f"({', '.join(QUANTIZABLE)})")
+                raise UserError(f"quantize-int8: exclude entry '{e}' matches no node name or op "
+                                f"type of the model; give node names (passctl show MODEL) or op "
+                                f"types ({', '.join(QUANTIZABLE)})")
         return entries
 
     def run(self, model: Model) -> PassResult:
@@ -156,18 +159,19 @@ class QuantizeInt8(Pass):
         self._validate()
         target = get_target(o.target)
         if not target.supports("int8") and target.is_gpu:
-            raise UserError(f"quantize-int8: target {target.name} ({target.description}) has no int8 "
-                            "tensor cores; use a Turing or newer GPU target or cpu")
+            raise UserError(f"quantize-int8: target {target.name} ({target.description}) has no "
+                            "int8 tensor cores; use a Turing or newer GPU target or cpu")
         exclude = self._exclude(model)
-        stats: Dict[str, Any] = {"target": {"target": target.name, "int8": "cpu kernels" if not
-                                            target.is_gpu else f"tensor cores ({target.sm})"},
-                                 "calibration": o.calibration, "budget": o.budget, "metric": o.metric}
-        if o.calibration == "percentile":
-            stats["percentile"] = o.percentile
         unsigned = o.activations == "uint8" or (o.activations == "auto" and not target.is_gpu)
         outputs = o.outputs if o.outputs is not None else not target.is_gpu
-        stats.update(activations="uint8 (zero point 128)" if unsigned else "int8 (zero point 0)",
-                     outputs_quantized=outputs)
+        int8 = f"tensor cores ({target.sm})" if target.is_gpu else "cpu kernels"
+        stats: Dict[str, Any] = {
+            "target": {"target": target.name, "int8": int8}, "calibration": o.calibration,
+            "budget": o.budget, "metric": o.metric,
+            "activations": "uint8 (zero point 128)" if unsigned else "int8 (zero point 0)",
+            "outputs_quantized": outputs}
+        if o.calibration == "percentile":
+            stats["percentile"] = o.percentile
         layers, skipped = find_layers(model.graph, exclude)
         nodes = list(model.graph)
         split = [nodes[l.position] for l in layers if l.op == "FusedConv"]
@@ -176,7 +180,8 @@ class QuantizeInt8(Pass):
             layers, skipped = find_layers(model.graph, exclude)
         if not layers:
             stats.update(quantized_layers=0, float_layers=len(skipped), error=0.0,
-                         layers=[{"name": k, "precision": "fp32", "why": v} for k, v in skipped.items()])
+                         layers=[{"name": k, "precision": "fp32", "why": v}
+                                 for k, v in skipped.items()])
             logger.info("quantize-int8: no layer to quantize")
             return PassResult(False, stats)
         old_opset = raise_opset(model, QDQ_MIN_OPSET)
@@ -186,44 +191,27 @@ class QuantizeInt8(Pass):
         feeds = self._feeds(model)
         stats["calibration_feeds"] = len(feeds)
         try:
-            scales, reference = calibrate(model, layers, feeds, o.calibration, o.percentile, outputs)
+            scales, reference = calibrate(model, layers, feeds, o.calibration, o.percentile,
+                                          outputs)
         except Exception as e:  # the user's model or feeds, before passctl changed anything
+            first = str(e).splitlines()[0][:300] if str(e) else ""
             raise UserError(f"quantize-int8: ONNX Runtime cannot run the float32 model on the "
-                            f"calibration feeds ({type(e).__name__}: {str(e).splitlines()[0][:300]}); "
-                            "fix the feeds (calib=, dims=)") from e
+                            f"calibration feeds ({type(e).__name__}: {first}); fix the feeds "
+                            "(calib=, dims=)") from e
         cache: WeightCache = {}
-        sens = sensitivity(model, layers, scales, feeds, cache, unsigned, outputs)
-        own: Dict[int, float] = dict(sens.max_rel if o.metric == "max-rel" else sens.mean_rel)
 
         def error_of(int8_layers: List[QuantLayer]) -> float:
             trial = clone_model(model)
             apply_qdq(trial, int8_layers, scales, cache, unsigned, outputs)
             return output_error(reference, run_model(trial, feeds), o.metric)
 
-        start = time.perf_counter()
-        all_int8 = error_of(layers)
-        alone: Dict[int, float] = {}
-        per_layer = o.sensitivity == "output" or (o.sensitivity == "auto"
-                                                  and len(layers) <= OUTPUT_RANKING_MAX)
-        if all_int8 > o.budget and per_layer:  # one run per layer
-            alone = {l.position: error_of([l]) for l in layers}
-            own = alone
-        ranking = sorted(layers, key=lambda l: (-own[l.position], l.position))
-
-        def evaluate(k: int) -> float:
-            return error_of(ranking[k:])
-
-        result = search_fp32_set(ranking, evaluate, o.budget, {0: all_int8})
-        quantized = ranking[result.count:]
+        sens = sensitivity(model, layers, scales, feeds, cache, unsigned, outputs)
+        quantized, alone, why = self._search(layers, sens, error_of, stats)
         added = apply_qdq(model, quantized, scales, cache, unsigned, outputs)
-        stats["search"] = {"seconds": round(time.perf_counter() - start, 3), "sensitivity":
-                           "output" if alone else "local", "measure_seconds": round(sens.seconds, 3),
-                           "runs": len(result.history) + len(alone),
-                           "history": [[k, _round(e)] for k, e in result.history]}
-        why = {l.position: f"{MEASURED} (rank {r + 1})" for r, l in enumerate(ranking[:result.count])}
         entries = [{"name": k, "op": "", "precision": "fp32", "why": v} for k, v in skipped.items()]
         for l in sorted(layers, key=lambda l: l.position):
-            entry = {"name": l.name, "op": l.op, "precision": "fp32" if l.position in why else "int8",
+            entry = {"name": l.name, "op": l.op,
+                     "precision": "fp32" if l.position in why else "int8",
                      "max_rel": _round(sens.max_rel[l.position]),
                      "mean_rel": _round(sens.mean_rel[l.position])}
             if l.position in alone:
@@ -232,14 +220,47 @@ class QuantizeInt8(Pass):
                 entry["why"] = why[l.position]
             entries.append(entry)
         saved = sum(l.weight.nbytes - l.weight.size for l in quantized)
-        stats.update(error=_round(result.error), within_budget=result.within_budget,
-                     quantized_layers=len(quantized), float_layers=len(entries) - len(quantized),
+        stats.update(quantized_layers=len(quantized), float_layers=len(entries) - len(quantized),
                      qdq_nodes=added, weight_bytes_saved=int(saved), layers=entries)
-        if not result.within_budget:
-            logger.warning("quantize-int8: budget %g is met only with every layer in float32", o.budget)
-        logger.info("quantize-int8: %d layers int8, %d float32, %s %.3g", len(quantized),
-                    stats["float_layers"], o.metric, result.error)
+        logger.info("quantize-int8: %d layers int8, %d float32, %s %s", len(quantized),
+                    stats["float_layers"], o.metric, stats["error"])
         return PassResult(bool(quantized) or "opset_raised" in stats, stats)
+
+    def _search(self, layers: List[QuantLayer], sens: Sensitivity,
+                error_of: Callable[[List[QuantLayer]], float], stats: Dict[str, Any]
+                ) -> Tuple[List[QuantLayer], Dict[int, float], Dict[int, str]]:
+        """Rank the layers and find the fewest most sensitive ones to keep float32 (rule 5).
+
+        Returns:
+            ``(layers to quantize, {position: output error alone} (empty for local ranking),
+            {position of a float32 layer: why})``; fills ``stats`` (``error``, ``within_budget``,
+            ``search``).
+        """
+        o = self.options
+        start = time.perf_counter()
+        own: Dict[int, float] = dict(sens.max_rel if o.metric == "max-rel" else sens.mean_rel)
+        all_int8 = error_of(layers)
+        alone: Dict[int, float] = {}
+        per_layer = o.sensitivity == "output" or (o.sensitivity == "auto"
+                                                  and len(layers) <= OUTPUT_RANKING_MAX)
+        if all_int8 > o.budget and per_layer:  # one run per layer
+            alone = {l.position: error_of([l]) for l in layers}
+            own = alone
+        ranking = sorted(layers, key=lambda l: (-own[l.position], l.position))
+        result = search_fp32_set(ranking, lambda k: error_of(ranking[k:]), o.budget,
+                                 {0: all_int8})
+        stats.update(error=_round(result.error), within_budget=result.within_budget)
+        stats["search"] = {"seconds": round(time.perf_counter() - start, 3),
+                           "sensitivity": "output" if alone else "local",
+                           "measure_seconds": round(sens.seconds, 3),
+                           "runs": len(result.history) + len(alone),
+                           "history": [[k, _round(e)] for k, e in result.history]}
+        if result.count == len(ranking):
+            logger.warning("quantize-int8: %s %g is met only with every layer in float32",
+                           o.metric, o.budget)
+        why = {l.position: f"{MEASURED} (rank {r + 1})"
+               for r, l in enumerate(ranking[:result.count])}
+        return ranking[result.count:], alone, why
 
     def _feeds(self, model: Model):
         o = self.options
@@ -247,7 +268,8 @@ class QuantizeInt8(Pass):
             return calibration_inputs(model, o.calib, o.samples, o.seed, parse_dims(o.dims))
         except UserError as e:  # amp's helpers word their errors for amp
             text = str(e)
-            raise UserError("quantize-int8: " + (text[5:] if text.startswith("amp: ") else text)) from e
+            text = text[len("amp: "):] if text.startswith("amp: ") else text
+            raise UserError(f"quantize-int8: {text}") from e
 
 
 def _round(x: float) -> Any:

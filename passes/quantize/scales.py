@@ -22,7 +22,8 @@ def weight_scales(w: np.ndarray, axis: int) -> np.ndarray:
     amax / (2^(b-1) - 1)).
 
     Args:
-        w: float32 weight of any rank, e.g. Conv ``[C_out, C_in/group, kH, kW]`` or MatMul ``[K, N]``.
+        w: float32 weight of any rank, e.g. Conv ``[C_out, C_in/group, kH, kW]`` or MatMul
+            ``[K, N]``.
         axis: the channel axis (Conv: 0, MatMul B ``[K, N]``: 1, Gemm with transB=1: 0).
 
     Returns:
@@ -52,7 +53,8 @@ def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int) -> np.ndarray:
     return np.clip(q, -QMAX, QMAX).astype(np.int8)
 
 
-def activation_scale(samples: Sequence[np.ndarray], method: str, percentile: float = 99.99) -> float:
+def activation_scale(samples: Sequence[np.ndarray], method: str,
+                     percentile: float = 99.99) -> float:
     """Per-tensor symmetric scale of an activation from its calibration values.
 
     ``minmax``: ``max |x| / 127`` over all samples. ``percentile``: the ``percentile``-th percentile

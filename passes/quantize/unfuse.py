@@ -1,4 +1,4 @@
-"""Split ONNX Runtime's FusedConv back into Conv (+ Add Z) + activation, so the Conv can be an int8 unit."""
+"""Split ONNX Runtime's FusedConv back into Conv (+ Add Z) + activation (an int8 Conv unit)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Synthetic text images (Pillow's bundled font, lines of tests/data/sentences.txt) as PP-OCR inputs."""
+"""Synthetic text images (Pillow's bundled font, tests/data/sentences.txt) as PP-OCR inputs."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def det_input(height: int = 64, width: int = 64, seed: int = 0) -> Dict[str, np.
 
 
 def cls_input(seed: int = 0, height: int = 48, width: int = 192) -> Dict[str, np.ndarray]:
-    """PP-OCR cls feed ``{"x": float32 [1, 3, 48, 192]}``: one text line, ``(x / 255 - 0.5) / 0.5``."""
+    """PP-OCR cls feed ``{"x": float32 [1, 3, 48, 192]}``: one text line, normalized as
+    ``(x / 255 - 0.5) / 0.5``."""
     rgb = text_image(height, width, seed, lines=1).astype(np.float32) / 255.0
     x = ((rgb - 0.5) / 0.5).transpose(2, 0, 1)[None]
     return {"x": np.ascontiguousarray(x, np.float32)}

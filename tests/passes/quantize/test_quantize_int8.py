@@ -1,4 +1,4 @@
-"""quantize-int8 on a small Conv/MatMul/Gemm graph: scales against numpy, QDQ numerics, budget, errors."""
+"""quantize-int8 on a small Conv/MatMul/Gemm graph: scales vs numpy, numerics, budget, errors."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ def _small_model() -> onnx.ModelProto:
              helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
              helper.make_node("MatMul", ["f", "M"], ["m"], name="matmul"),
              helper.make_node("Gemm", ["m", "G", "C"], ["y"], name="gemm", transB=1)]
-    graph = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
+    graph = helper.make_graph(
+        nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -94,7 +95,8 @@ def test_weight_scales_and_zero_points_match_numpy():
         assert (codes[2] == 0).all() if name == "W" else True
     biases = {n.name: n.input[2] for n in proto.graph.node if n.op_type in ("Conv", "Gemm")}
     inits = {i.name: i for i in proto.graph.initializer}
-    assert all(inits[b].data_type == TensorProto.FLOAT for b in biases.values())  # bias stays float32
+    # biases stay float32
+    assert all(inits[b].data_type == TensorProto.FLOAT for b in biases.values())
 
 
 @pytest.mark.parametrize("calibration,target", [("minmax", "a10"), ("percentile", "a10"),
@@ -117,8 +119,8 @@ def test_activation_scales_from_calibration(calibration, target):
     exposed = onnx.ModelProto()
     exposed.CopyFrom(original)
     exposed.graph.output.append(helper.make_tensor_value_info("f", TensorProto.FLOAT, None))
-    f = np.concatenate([np.abs(ort.InferenceSession(exposed.SerializeToString()).run(["f"], feed)[0]).ravel()
-                        for feed in feeds])
+    session = ort.InferenceSession(exposed.SerializeToString())
+    f = np.concatenate([np.abs(session.run(["f"], feed)[0]).ravel() for feed in feeds])
     _, scale_f, _, _ = _dq_of(proto, "matmul", 0)
     want_f = (f.max() if calibration == "minmax" else np.percentile(f, 90)) / 127.0
     np.testing.assert_allclose(float(scale_f), want_f, rtol=1e-5)
@@ -135,7 +137,8 @@ def test_qdq_model_runs_and_error_is_the_reported_one(target):
         r, c = _run(original, feed).astype(np.float64), _run(proto, feed).astype(np.float64)
         worst = max(worst, np.abs(r - c).sum() / np.abs(r).sum())
     assert worst > 0  # it did quantize
-    assert worst == pytest.approx(stats["error"], rel=1e-3)  # the reported error is the measured one
+    # the reported error is the measured one
+    assert worst == pytest.approx(stats["error"], rel=1e-3)
     # ONNX Runtime with its QDQ fusions (int8 kernels) computes the same graph
     fused = ort.InferenceSession(proto.SerializeToString()).run(None, _feeds()[0])[0]
     np.testing.assert_allclose(fused, _run(proto, _feeds()[0]), rtol=1e-3, atol=1e-4)

@@ -55,9 +55,9 @@ def test_ppocr_det_cleanup_fuse_quantize_checks(tmp_path, capsys, target, emit):
     # more (benchmarks/quantize.py measures that), so the check runs on a calibration image
     np.savez(tmp_path / "check.npz", **det_input(128, 128, seed=1))
     out = tmp_path / "out"
-    rc, text = _cli(capsys, DET, "--pipeline", f"cleanup,fuse,quantize{{calib={calib},metric=max-rel}}",
-                    "--target", target, "--emit", emit, "--check", "--inputs", tmp_path / "check.npz",
-                    "-o", out)
+    rc, text = _cli(capsys, DET, "--pipeline",
+                    f"cleanup,fuse,quantize{{calib={calib},metric=max-rel}}", "--target", target,
+                    "--emit", emit, "--check", "--inputs", tmp_path / "check.npz", "-o", out)
     assert rc == 0, text
     assert "the quantize pass's budget" in text
     report, stats = _stats(out)
@@ -76,14 +76,16 @@ def test_ppocr_cls_quantize_meets_budget_and_falls_back(tmp_path, capsys):
     calib = write_feeds(tmp_path / "calib", [cls_input(seed) for seed in range(3)])
     np.savez(tmp_path / "check.npz", **cls_input(seed=2))
     out = tmp_path / "out"
-    rc, text = _cli(capsys, CLS, "--pipeline", f"quantize{{calib={calib},metric=max-rel,budget=1e-2}}",
+    rc, text = _cli(capsys, CLS, "--pipeline",
+                    f"quantize{{calib={calib},metric=max-rel,budget=1e-2}}",
                     "--target", "cpu", "--check", "--inputs", tmp_path / "check.npz", "-o", out)
     assert rc == 0, text
     report, stats = _stats(out)
     assert report["check"]["ok"] and report["check"]["max_rel"] <= 1e-2
     assert stats["error"] <= 1e-2 and stats["within_budget"]
     kept = [l for l in stats["layers"] if l["precision"] == "fp32"]
-    assert kept and all("measured sensitivity" in l["why"] for l in kept)  # the all-int8 cls misses 1e-2
+    # the all-int8 cls misses 1e-2: layers fall back
+    assert kept and all("measured sensitivity" in l["why"] for l in kept)
     assert stats["search"]["history"][0][0] == 0 and stats["search"]["history"][0][1] > 1e-2
 
 
@@ -98,7 +100,8 @@ def test_minilm_matmuls_meet_the_budget(tmp_path):
 
     path = CORPUS["minilm_legacy"].path
     model = load(path)
-    result = PassManager(build_pipeline("quantize{dims=batch=1;sequence=16,sensitivity=local}")).run(model)
+    pipeline = build_pipeline("quantize{dims=batch=1;sequence=16,sensitivity=local}")
+    result = PassManager(pipeline).run(model)
     stats = next(r.stats for r in result.records if r.name == "quantize-int8")
     save(model, str(tmp_path / "q.onnx"))
     assert stats["quantized_layers"] >= 1 and stats["error"] <= 2e-2
