@@ -9,7 +9,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from passctl.ir import Attr, AttrType, Builder, DataType, Model, Node, Shape, TensorType, Value
+from passctl.ir import Builder, DataType, Model, Node, Shape, TensorType, Value
 from passctl.passes._snapshot import clone_model
 from passctl.passes.precision.sensitivity import Feeds, run_model
 from passctl.passes.quantize.layers import QuantLayer
