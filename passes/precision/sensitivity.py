@@ -122,8 +122,11 @@ def _external_initializers(model: Model) -> Tuple[Dict[int, Tuple[int, int]], Di
         if t is None:
             continue
         value = None
-        if (t.nbytes >= INJECT_MIN_BYTES and id(t) not in elsewhere and t.source_proto is None
-                and t.dtype != DataType.STRING and not t.dtype.is_packed):
+        # An initializer no node reads is dropped by ONNX Runtime at load, which then refuses its
+        # OrtValue ("Failed to find existing initializer"): those stay embedded.
+        used = bool(v.uses()) or v.is_graph_output()
+        if (used and t.nbytes >= INJECT_MIN_BYTES and id(t) not in elsewhere
+                and t.source_proto is None and t.dtype != DataType.STRING and not t.dtype.is_packed):
             arr = np.ascontiguousarray(t.numpy())
             if arr.dtype.byteorder != ">":
                 if arr.dtype.kind in "biuf":

@@ -67,3 +67,16 @@ def _shared_w(c: np.ndarray) -> onnx.ModelProto:
     proto = _model()
     proto.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(c, "W"))
     return proto
+
+
+def test_an_unused_large_initializer_stays_embedded():
+    """ONNX Runtime drops an initializer no node reads and then refuses its OrtValue ("Failed to find
+    existing initializer"): run_model must still run such a model (the quantize pass builds them)."""
+    proto = _model()
+    unused = np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(unused, "unused"))
+    model = from_onnx(proto)
+    _, values, _ = _external_initializers(model)
+    assert sorted(values) == ["W", "Wb"]
+    feed = {"x": np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)}
+    assert np.array_equal(run_model(model, [feed])[0]["y"], run_onnxruntime(proto, feed)["y"])
