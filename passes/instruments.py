@@ -326,15 +326,17 @@ class CheckEach:
         inputs: ``{name: array}``; ``None`` uses ``make_inputs(original, seed)``.
         seed: seed for :func:`passctl.tools.check.make_inputs`.
         write: receives one line per pass: ``check after NNN <pass>: max_abs A, max_rel R (ok|FAILED)``.
-        rtol: bound on the relative error for the ok/FAILED mark.
+        rtol: bound on the ``metric`` error for the ok/FAILED mark.
         atol: absolute error always accepted (see ``passctl.tools.check.OutputDiff.ok``).
+        metric: ``max-rel`` (default), ``mean-rel`` or ``cosine`` (``passctl.tools.check.METRICS``).
 
     Attributes:
         results: ``(index, pass name, CheckResult)`` per pass, in order.
     """
 
     def __init__(self, original, inputs: Optional[Dict[str, Any]] = None, seed: int = 0,
-                 write: Optional[Write] = None, rtol: Optional[float] = None, atol: float = 0.0):
+                 write: Optional[Write] = None, rtol: Optional[float] = None, atol: float = 0.0,
+                 metric: str = "max-rel"):
         from passctl.tools.check import DEFAULT_RTOL, make_inputs, run_onnxruntime
 
         self.original = original
@@ -343,6 +345,7 @@ class CheckEach:
         self.write = write or _default_write
         self.rtol = DEFAULT_RTOL if rtol is None else rtol
         self.atol = atol
+        self.metric = metric
         self.results: List[Any] = []
 
     def after_pass(self, pass_: Pass, model: Model, record) -> None:
@@ -359,8 +362,8 @@ class CheckEach:
         result = compare(self.reference, outputs)
         self.results.append((record.index, pass_.name, result))
         max_abs = max((d.max_abs for d in result.outputs.values()), default=0.0)
-        mark = ("ok" if result.ok(self.rtol, self.atol)
-                else "FAILED: " + "; ".join(result.failures(self.rtol, self.atol)))
+        mark = ("ok" if result.ok(self.rtol, self.atol, self.metric)
+                else "FAILED: " + "; ".join(result.failures(self.rtol, self.atol, self.metric)))
         self.write(f"check after {record.index:03d} {pass_.name}: max_abs {max_abs:.3g}, "
                    f"max_rel {result.max_rel:.3g} ({mark})")
 

@@ -16,7 +16,7 @@ from passctl.tools.inputs import make_inputs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckResult", "OutputDiff", "DEFAULT_RTOL", "REL_FLOOR", "check_models", "compare",
+__all__ = ["CheckResult", "OutputDiff", "DEFAULT_RTOL", "METRICS", "REL_FLOOR", "check_models", "compare",
            "make_inputs", "run_onnxruntime", "uninformative_outputs"]
 
 DEFAULT_RTOL = 1e-4
@@ -24,6 +24,10 @@ DEFAULT_RTOL = 1e-4
 
 REL_FLOOR = 1e-12
 """Smallest denominator of :attr:`OutputDiff.max_rel` (for all-zero reference outputs)."""
+
+METRICS = ("max-rel", "mean-rel", "cosine")
+"""Error metrics a check can bound (:meth:`OutputDiff.error`); the amp and quantize passes' ``metric``
+option names the same ones."""
 
 _PROTOBUF_LIMIT = 2**31 - 1
 ModelLike = Union[str, "os.PathLike[str]", bytes, onnx.ModelProto]
@@ -125,6 +129,10 @@ class OutputDiff:
       outputs of magnitude 1e15 are judged by their scale.
     - ``cosine = <ref, cand> / (|ref| |cand|)`` (1.0 when both are all zero, 0.0 when only one is),
       computed after dividing both by their largest magnitude so it cannot overflow.
+    - ``mean_rel = sum |ref - cand| / max(sum |ref|, REL_FLOOR)``: the error relative to the output's
+      total magnitude (the ``mean-rel`` metric of the amp and quantize passes' budgets).
+
+    :meth:`error` gives the value of one of :data:`METRICS` (``cosine`` as ``1 - cosine``).
 
     ``problem`` names a mismatch that fails the check whatever the tolerance: a missing output, a
     different shape or dtype.
@@ -138,18 +146,27 @@ class OutputDiff:
     shape: tuple = ()
     dtype: str = ""
     problem: Optional[str] = None
+    mean_rel: float = 0.0
 
-    def ok(self, rtol: float = DEFAULT_RTOL, atol: float = 0.0) -> bool:
-        """``True`` when there is no ``problem``, no non-finite mismatch and ``max_rel <= rtol``
-        or ``max_abs <= atol`` (a floor for outputs whose values are all near zero)."""
+    def error(self, metric: str = "max-rel") -> float:
+        """The error under ``metric`` (one of :data:`METRICS`): ``max_rel``, ``mean_rel`` or
+        ``1 - cosine``."""
+        return {"max-rel": self.max_rel, "mean-rel": self.mean_rel,
+                "cosine": 1.0 - self.cosine}[metric]
+
+    def ok(self, rtol: float = DEFAULT_RTOL, atol: float = 0.0, metric: str = "max-rel") -> bool:
+        """``True`` when there is no ``problem``, no non-finite mismatch and the ``metric`` error
+        is at most ``rtol`` or ``max_abs <= atol`` (a floor for outputs whose values are all near
+        zero)."""
         return (self.problem is None and self.nonfinite_mismatch == 0
-                and (self.max_rel <= rtol or self.max_abs <= atol))
+                and (self.error(metric) <= rtol or self.max_abs <= atol))
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready fields (for ``report.json``); infinities and NaN become strings."""
         def number(x: float) -> Any:
             return x if math.isfinite(x) else str(x)
         return {"name": self.name, "max_abs": number(self.max_abs), "max_rel": number(self.max_rel),
+                "mean_rel": number(self.mean_rel),
                 "cosine": number(self.cosine), "nonfinite_mismatch": self.nonfinite_mismatch,
                 "shape": list(self.shape), "dtype": self.dtype, "problem": self.problem}
 
@@ -162,9 +179,9 @@ class CheckResult:
     outputs: Dict[str, OutputDiff] = field(default_factory=dict)
     extra: List[str] = field(default_factory=list)
 
-    def ok(self, rtol: float = DEFAULT_RTOL, atol: float = 0.0) -> bool:
+    def ok(self, rtol: float = DEFAULT_RTOL, atol: float = 0.0, metric: str = "max-rel") -> bool:
         """``True`` when every output is :meth:`OutputDiff.ok` and there are no extra outputs."""
-        return not self.extra and all(diff.ok(rtol, atol) for diff in self.outputs.values())
+        return not self.extra and all(diff.ok(rtol, atol, metric) for diff in self.outputs.values())
 
     @property
     def max_rel(self) -> float:
@@ -175,7 +192,8 @@ class CheckResult:
             worst = max(worst, math.inf if bad else diff.max_rel)
         return worst
 
-    def failures(self, rtol: float = DEFAULT_RTOL, atol: float = 0.0) -> List[str]:
+    def failures(self, rtol: float = DEFAULT_RTOL, atol: float = 0.0,
+                 metric: str = "max-rel") -> List[str]:
         """One line per failing output, e.g. ``"logits: max_rel 3.1e-02 > 1e-04"``."""
         lines = [f"{name}: extra output not in the reference" for name in self.extra]
         for diff in self.outputs.values():
@@ -183,14 +201,15 @@ class CheckResult:
                 lines.append(f"{diff.name}: {diff.problem}")
             elif diff.nonfinite_mismatch:
                 lines.append(f"{diff.name}: {diff.nonfinite_mismatch} NaN/inf positions differ")
-            elif not diff.ok(rtol, atol):
-                lines.append(f"{diff.name}: max_rel {diff.max_rel:.3g} > {rtol:g} "
-                             f"(max_abs {diff.max_abs:.3g}, cosine {diff.cosine:.6f})")
+            elif not diff.ok(rtol, atol, metric):
+                lines.append(f"{diff.name}: {metric.replace('-', '_')} {diff.error(metric):.3g} > "
+                             f"{rtol:g} (max_abs {diff.max_abs:.3g}, cosine {diff.cosine:.6f})")
         return lines
 
-    def to_dict(self, rtol: float = DEFAULT_RTOL) -> Dict[str, Any]:
-        """JSON-ready summary: ``ok``, ``rtol``, ``extra`` and one entry per output."""
-        return {"ok": self.ok(rtol), "rtol": rtol, "extra": list(self.extra),
+    def to_dict(self, rtol: float = DEFAULT_RTOL, metric: str = "max-rel") -> Dict[str, Any]:
+        """JSON-ready summary: ``ok``, ``rtol``, ``metric``, ``extra`` and one entry per output."""
+        return {"ok": self.ok(rtol, metric=metric), "rtol": rtol, "metric": metric,
+                "extra": list(self.extra),
                 "outputs": [diff.to_dict() for diff in self.outputs.values()]}
 
 
@@ -199,7 +218,8 @@ def _diff_one(name: str, ref: Any, cand: Any) -> OutputDiff:
     shape, dtype = tuple(ref.shape), str(ref.dtype)
     if ref.shape != cand.shape:
         return OutputDiff(name, math.inf, math.inf, math.nan, 0, shape, dtype,
-                          f"shape {list(cand.shape)} differs from the reference {list(ref.shape)}")
+                          f"shape {list(cand.shape)} differs from the reference {list(ref.shape)}",
+                          math.inf)
     problem = None
     if ref.dtype != cand.dtype:
         problem = f"dtype {cand.dtype} differs from the reference {ref.dtype}"
@@ -214,6 +234,7 @@ def _diff_one(name: str, ref: Any, cand: Any) -> OutputDiff:
     a, b = a[both_finite], b[both_finite]
     if a.size == 0:
         return OutputDiff(name, 0.0, 0.0, 1.0, nonfinite_mismatch, shape, dtype, problem)
+    mean_rel = float(np.sum(np.abs(a - b)) / max(float(np.sum(np.abs(a))), REL_FLOOR))
     max_abs = float(np.max(np.abs(a - b)))
     scale_ref = float(np.max(np.abs(a)))
     max_rel = max_abs / max(scale_ref, REL_FLOOR)
@@ -224,7 +245,8 @@ def _diff_one(name: str, ref: Any, cand: Any) -> OutputDiff:
         a_n, b_n = a / scale, b / scale
         norm = float(np.linalg.norm(a_n)) * float(np.linalg.norm(b_n))
         cosine = float(np.real(np.vdot(a_n, b_n)) / norm) if norm > 0.0 else 0.0
-    return OutputDiff(name, max_abs, max_rel, cosine, nonfinite_mismatch, shape, dtype, problem)
+    return OutputDiff(name, max_abs, max_rel, cosine, nonfinite_mismatch, shape, dtype, problem,
+                      mean_rel)
 
 
 def compare(reference: Mapping[str, Any], candidate: Mapping[str, Any]) -> CheckResult:

@@ -260,23 +260,27 @@ def _check_output_path(out: str, model_path: str) -> None:
 
 
 def _default_rtol(args, flat, console) -> None:
-    """Set ``args.rtol`` when ``--rtol`` was not given: the largest ``budget`` of the pipeline's
-    amp (``mixed-precision``) and ``quantize-int8`` passes (``flat``: its passes, fixpoint groups
-    flattened; their outputs are meant to differ that much), else :data:`passctl.tools.check.DEFAULT_RTOL`. Says so
-    on stderr when it uses the budget."""
+    """Set ``args.rtol`` and ``args.check_metric`` when ``--rtol`` was not given: the largest
+    ``budget`` of the pipeline's amp (``mixed-precision``) and ``quantize-int8`` passes, under that
+    pass's ``metric`` (``flat``: its passes, fixpoint groups flattened; their outputs are meant to
+    differ that much, measured the way the pass measured them), else
+    :data:`passctl.tools.check.DEFAULT_RTOL` under ``max-rel``. Says so when it uses the budget."""
     from passctl.tools.check import DEFAULT_RTOL
 
+    args.check_metric = "max-rel"
     if args.rtol is not None:
         return
     args.rtol = DEFAULT_RTOL
     source = "amp"
     for p in flat:
-        if p.name in ("mixed-precision", "quantize-int8"):
-            args.rtol = max(args.rtol, float(p.options.budget))
+        if p.name in ("mixed-precision", "quantize-int8") and float(p.options.budget) > args.rtol:
+            args.rtol = float(p.options.budget)
+            args.check_metric = p.options.metric
             source = "amp" if p.name == "mixed-precision" else "quantize"
     if args.rtol != DEFAULT_RTOL and (args.check or args.check_each) and not args.quiet:
-        console.print(f"note: the check accepts rtol {args.rtol:g}, the {source} pass's budget "
-                      "(give --rtol to change it)", markup=False, highlight=False)
+        console.print(f"note: the check accepts {args.check_metric} error {args.rtol:g}, the {source} "
+                      "pass's budget under its metric (give --rtol for a max-rel bound)",
+                      markup=False, highlight=False)
 
 
 def _check_inputs(reference: str, dims: Dict[str, int], overrides: Dict[str, Any],
@@ -519,7 +523,8 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     """The numeric check's report entry: inputs used, per-output errors, worst errors, ``ok``.
 
     Uses :mod:`passctl.tools.check` (ONNX Runtime, graph optimizations off, on both models) on
-    seeded inputs from ``make_inputs``; an output passes when ``OutputDiff.ok(rtol, atol)``. A TVM
+    seeded inputs from ``make_inputs``; an output passes when ``OutputDiff.ok(rtol, atol, metric)``
+    (``args.check_metric``: max-rel, or the budget's metric when the rtol is a pass's budget). A TVM
     artifact's folder (``candidate``'s folder holds its manifest) runs in ``tvm.runtime`` on inputs
     of the static shapes in its manifest; without ``dims``, a TensorRT artifact's inputs take its
     optimization profile's OPT sizes.
@@ -566,13 +571,14 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     warnings = _vacuous_check_warnings(want, args.atol, plan.dims, sources, overrides)
     got = load_artifact(folder).run(inputs) if tvm else run_onnxruntime(candidate, inputs)
     result = compare(want, got)
-    entry = result.to_dict(args.rtol)
+    metric = getattr(args, "check_metric", "max-rel")
+    entry = result.to_dict(args.rtol, metric)
     for diff, item in zip(result.outputs.values(), entry["outputs"]):
-        item["ok"] = diff.ok(args.rtol, args.atol)
-    failures = result.failures(args.rtol, args.atol)
+        item["ok"] = diff.ok(args.rtol, args.atol, metric)
+    failures = result.failures(args.rtol, args.atol, metric)
     finite = [o for o in result.outputs.values() if o.problem is None]
     entry.update(
-        ok=result.ok(args.rtol, args.atol), atol=args.atol, seed=args.seed, dims=plan.dims,
+        ok=result.ok(args.rtol, args.atol, metric), atol=args.atol, seed=args.seed, dims=plan.dims,
         dims_source=sources, overridden=sorted(overrides),
         inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)}
                 for k, v in inputs.items()],
@@ -580,7 +586,8 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
         max_rel=result.max_rel if result.max_rel != float("inf") else "inf",
         failures=failures, warnings=warnings,
         passed_on_atol=[d.name for d in result.outputs.values()
-                        if d.ok(args.rtol, args.atol) and not d.ok(args.rtol, 0.0)])
+                        if d.ok(args.rtol, args.atol, metric) and not d.ok(args.rtol, 0.0, metric)],
+        metric_error=max((o.error(metric) for o in finite), default=0.0))
     return entry
 
 

@@ -110,8 +110,11 @@ def print_summary(console, report: Dict[str, Any]) -> None:
         if on_atol and check["ok"]:
             note += (f"; passed on atol: max abs error <= {check['atol']:g} though max rel error > "
                      f"rtol {check['rtol']:g} ({', '.join(on_atol)})")
+        metric = check.get("metric") or "max-rel"
+        bound = (f", {metric} error {_fmt_err(check['metric_error'])} (bound {check['rtol']:g})"
+                 if metric != "max-rel" and "metric_error" in check else "")
         console.print(f"check: max abs error {_fmt_err(check['max_abs'])}, max rel error "
-                      f"{_fmt_err(check['max_rel'])} (worst output '{worst['name']}') on "
+                      f"{_fmt_err(check['max_rel'])}{bound} (worst output '{worst['name']}') on "
                       f"{used}{note}")
     console.print(f"time: {report['timing']['total_s']:.2f} s; "
                   f"artifact: {report['artifact']['path']}")
