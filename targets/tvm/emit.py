@@ -28,6 +28,13 @@ SELF_CHECK_RTOL = 1e-3
 #: The same for float16 / bfloat16 outputs (half precision rounds at 2^-11 relative: ONNX Runtime
 #: and TVM round at different points).
 SELF_CHECK_RTOL_HALF = 1e-2
+#: For graphs with QuantizeLinear (int8 QDQ), a bound on the mean relative error (sum |a - b| /
+#: sum |b|) instead: a float difference of one ulp before a QuantizeLinear can move a value to the
+#: next int8 level, and the flips compound through the layers. Measured on PP-OCR cls after
+#: ``quantize`` (5 random inputs): TVM equals ONNX Runtime (optimizations off) on 3, differs by
+#: 0.6% and 5.5% on two; ONNX Runtime with optimizations on differs from itself off by up to 2.6%.
+#: A translation bug (a wrong layout, axis or scale) gives errors of order 1.
+SELF_CHECK_QDQ_MEAN_REL = 1e-1
 
 
 class TvmTranslationError(UserError):
@@ -310,10 +317,10 @@ def _refuse_fp16_tensorize(mod, source: str) -> None:
 
 
 def _self_check(model: Model, folder: str, seed: int = 0) -> Dict[str, Any]:
-    """Run the artifact and ONNX Runtime (on the same IR) on seeded inputs; compare outputs."""
-    import onnxruntime as ort
-
+    """Run the artifact and ONNX Runtime (on the same IR, graph optimizations off) on seeded
+    inputs; compare outputs."""
     from passctl.ir import to_onnx
+    from passctl.tools.check import cpu_session
     from passctl.tools.inputs import make_inputs
 
     proto = to_onnx(model)
@@ -325,16 +332,17 @@ def _self_check(model: Model, folder: str, seed: int = 0) -> Dict[str, Any]:
         raise EmitError(f"the TVM artifact does not run: {type(e).__name__}: "
                         f"{(str(e).strip().splitlines() or [''])[-1]}") from e
     try:
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        sess = ort.InferenceSession(proto.SerializeToString(), so,
-                                    providers=["CPUExecutionProvider"])
+        # graph optimizations off: ONNX Runtime runs the IR as written, as TVM does. With them on it
+        # fuses DequantizeLinear -> Conv -> QuantizeLinear into QLinearConv, whose fixed-point
+        # requantization moves int8 levels against TVM's float Q/DQ (PP-OCR cls int8: 1.6e-2).
+        sess = cpu_session(proto.SerializeToString())
         want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
     except Exception as e:  # ONNX Runtime cannot run passctl:: ops: nothing to compare with
         logger.info("self-check skipped: ONNX Runtime cannot run the IR (%s)", e)
         return {"ok": None, "reason": "ONNX Runtime cannot run this IR", "outputs": {}}
     outputs = {}
     ok = True
+    qdq = any(n.op_type == "QuantizeLinear" for n in model.graph.all_nodes())
     for name, ref in want.items():
         a, b = np.asarray(got[name], dtype=np.float64), np.asarray(ref, dtype=np.float64)
         scale = float(np.max(np.abs(b))) if b.size else 0.0
@@ -342,6 +350,11 @@ def _self_check(model: Model, folder: str, seed: int = 0) -> Dict[str, Any]:
         outputs[name] = {"max_rel": rel}
         limit = {np.dtype(np.float32): SELF_CHECK_RTOL,
                  np.dtype(np.float16): SELF_CHECK_RTOL_HALF}.get(np.dtype(ref.dtype))
+        if limit is not None and qdq:
+            total = float(np.sum(np.abs(b)))
+            rel = float(np.sum(np.abs(a - b)) / total) if total > 0 else rel
+            outputs[name]["mean_rel"] = rel
+            limit = SELF_CHECK_QDQ_MEAN_REL
         if limit is not None and rel > limit:
             ok = False
     if not ok:
@@ -349,4 +362,5 @@ def _self_check(model: Model, folder: str, seed: int = 0) -> Dict[str, Any]:
     return {"ok": True, "seed": seed, "outputs": outputs}
 
 
-__all__ = ["SELF_CHECK_RTOL", "SELF_CHECK_RTOL_HALF", "TvmEmitter", "TvmTranslationError"]
+__all__ = ["SELF_CHECK_QDQ_MEAN_REL", "SELF_CHECK_RTOL", "SELF_CHECK_RTOL_HALF", "TvmEmitter",
+           "TvmTranslationError"]
