@@ -116,13 +116,17 @@ def check_compile_args(args) -> None:
     """Checks across compile options that argparse cannot express.
 
     Raises:
-        UserError: ``--inputs`` without ``--check`` or ``--check-each`` (the arrays would be
-            ignored).
+        UserError: ``--inputs`` or ``--dim`` without ``--check`` or ``--check-each`` (they would
+            be ignored: they size and fill the check's inputs, never the artifact).
     """
     if args.inputs and not (args.check or args.check_each):
         raise UserError(f"--inputs '{args.inputs}' is used only by the numeric check and does not "
                         "change the artifact (no calibration, no fixed shapes); add --check (or "
                         "--check-each), or drop --inputs")
+    if args.dim and not (args.check or args.check_each):
+        raise UserError(f"--dim {args.dim[0]} sizes only the numeric check's inputs and does not "
+                        "change the artifact; add --check (or --check-each), or fix sizes in the "
+                        "artifact with lower-tvm{dims=...} (TVM) or --emit 'tensorrt{shapes=...}'")
 
 
 def _add_compile_args(p: argparse.ArgumentParser) -> None:

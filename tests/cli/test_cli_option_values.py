@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,26 @@ def test_inputs_without_check_is_exit_2(cli, conv_bn_model, tmp_path):
     assert not (tmp_path / "o").exists()
     r = cli(conv_bn_model, "--inputs", feeds, "--check-each", "-o", tmp_path / "o", "-q")
     assert r.rc == 0, r.err
+
+
+def test_dim_without_check_is_exit_2(cli, tmp_path):
+    """--dim sizes only the check's inputs: without --check it would be ignored silently."""
+    import onnx
+    import onnx.helper as oh
+
+    graph = oh.make_graph([oh.make_node("Relu", ["x"], ["y"])], "g",
+                          [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])],
+                          [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 4])])
+    path = tmp_path / "dyn.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), str(path))
+    r = cli(path, "--dim", "batch=2", "-o", tmp_path / "o", "-q")
+    _assert_user_error(r, "--dim batch=2 sizes only the numeric check's inputs",
+                       "lower-tvm{dims=...}")
+    assert not (tmp_path / "o").exists()
+    r = cli(path, "--dim", "batch=2", "--check", "-o", tmp_path / "o", "-q")
+    assert r.rc == 0, r.err
+    check = json.loads((tmp_path / "o" / "report.json").read_text())["check"]
+    assert check["inputs"][0]["shape"] == [2, 4]
 
 
 @pytest.mark.parametrize("pipeline", ["fold-constants{size_limit=-5}", "cleanup{size_limit=-5}"])
