@@ -132,6 +132,15 @@ class MixedPrecision(Pass):
         target: str = "cpu"
         emulate: Optional[bool] = None
 
+        def __post_init__(self) -> None:
+            """Raises UserError: ``budget`` is not a positive finite error (a negative or NaN
+            budget kept every measured node float32 with only a warning), or ``samples`` < 1."""
+            if not (self.budget > 0 and math.isfinite(self.budget)):
+                raise UserError(f"amp: budget={self.budget:g} must be a positive error such as 1e-2 "
+                                f"(under metric={self.metric})")
+            if self.samples < 1:
+                raise UserError(f"amp: samples={self.samples} must be at least 1")
+
     def run(self, model: Model) -> PassResult:
         o = self.options
         target = get_target(o.target)

@@ -106,3 +106,16 @@ def test_fold_size_limit_zero_folds_nothing_but_lifts(cli, tmp_path):
     assert r.rc == 0, r.err
     out = onnx.load(str(tmp_path / "o" / "model.onnx"))
     assert [n.op_type for n in out.graph.node] == ["Sqrt", "Add"]
+
+
+@pytest.mark.parametrize("option, message", [
+    ("budget=-1", "amp: budget=-1 must be a positive error"),
+    ("budget=nan", "amp: budget=nan must be a positive error"),
+    ("budget=0", "amp: budget=0 must be a positive error"),
+    ("samples=0", "amp: samples=0 must be at least 1"),
+])
+def test_bad_amp_options_are_exit_2(cli, conv_bn_model, tmp_path, option, message):
+    """A negative or NaN budget used to keep every measured node float32 with only a warning."""
+    r = cli(conv_bn_model, "-p", f"cleanup,amp{{{option}}}", "--target", "a10", "-o", tmp_path / "o")
+    _assert_user_error(r, message)
+    assert not (tmp_path / "o").exists()
