@@ -238,15 +238,17 @@ def measure(model: Model, candidates: Sequence[int], low: DataType, feeds: Feeds
         total = sum(float(r[r_sum]) for r in results)
         for maxes, means, err_max, err_sum in ((m.max_rel, m.mean_rel, e_max, e_sum),
                                                (m.input_max_rel, m.input_mean_rel, i_max, i_sum)):
-            maxes[p] = _ratio(max(float(r[err_max]) for r in results), ref_max)
-            means[p] = _ratio(sum(float(r[err_sum]) for r in results), total)
+            maxes[p] = error_ratio(max(float(r[err_max]) for r in results), ref_max)
+            means[p] = error_ratio(sum(float(r[err_sum]) for r in results), total)
     m.seconds = time.perf_counter() - start
     logger.info("amp: measured %d values and %d nodes in %.1f s", len(range_names), len(probes),
                 m.seconds)
     return m
 
 
-def _ratio(err: float, scale: float) -> float:
+def error_ratio(err: float, scale: float) -> float:
+    """``err / scale`` for a relative error: ``inf`` for a non-finite ``err``, and for a nonzero
+    ``err`` over a zero ``scale``; 0 when both are zero."""
     if not np.isfinite(err):
         return float("inf")
     if scale > 0:

@@ -11,7 +11,7 @@ import numpy as np
 
 from passctl.ir import Builder, DataType, Model, Node, Shape, TensorType, Value
 from passctl.passes._snapshot import clone_model
-from passctl.passes.precision.sensitivity import Feeds, run_model
+from passctl.passes.precision.sensitivity import Feeds, error_ratio, run_model
 from passctl.passes.quantize.layers import QuantLayer
 from passctl.passes.quantize.qdq import WeightCache, dequantized_weight, fake_quantized
 from passctl.passes.quantize.scales import activation_scale
@@ -138,18 +138,11 @@ def sensitivity(model: Model, layers: Sequence[QuantLayer], scales: Dict[str, fl
     results = run_model(work, feeds) if probes else []
     m = Sensitivity()
     for position, (e_max, e_sum, r_max, r_sum) in probes.items():
-        m.max_rel[position] = _ratio(max(float(r[e_max]) for r in results),
+        m.max_rel[position] = error_ratio(max(float(r[e_max]) for r in results),
                                      max(float(r[r_max]) for r in results))
-        m.mean_rel[position] = _ratio(sum(float(r[e_sum]) for r in results),
+        m.mean_rel[position] = error_ratio(sum(float(r[e_sum]) for r in results),
                                       sum(float(r[r_sum]) for r in results))
     m.seconds = time.perf_counter() - start
     logger.info("quantize-int8: measured %d layers in %.2f s", len(probes), m.seconds)
     return m
 
-
-def _ratio(err: float, scale: float) -> float:
-    if not np.isfinite(err):
-        return float("inf")
-    if scale > 0:
-        return err / scale
-    return 0.0 if err == 0 else float("inf")
