@@ -38,10 +38,17 @@ def calibration_inputs(model: Model, calib: str = "", samples: int = 2, seed: in
     declared ranges: ids in [0, 1000), masks all ones, floats in [-1, 1)), seeds ``seed, seed+1, ...``.
 
     Raises:
-        UserError: ``calib`` is not a folder of .npz files, or a file lacks a graph input.
+        UserError: ``calib`` does not exist, is not a folder, holds no .npz files, or a file lacks
+            a graph input.
     """
     names = [v.name for v in model.graph.inputs if not v.is_initializer()]
     if calib:
+        if not os.path.exists(calib):
+            raise UserError(f"amp: calib={calib}: no such folder; give a folder of .npz files, each "
+                            f"with the arrays {names}")
+        if not os.path.isdir(calib):
+            raise UserError(f"amp: calib={calib} is a file, not a folder; give a folder of .npz "
+                            f"files, each with the arrays {names}")
         files = sorted(glob.glob(os.path.join(calib, "*.npz")))
         if not files:
             raise UserError(f"amp: calib={calib} holds no .npz files; give a folder of .npz files, "

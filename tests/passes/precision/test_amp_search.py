@@ -99,6 +99,14 @@ def test_search_keeps_the_cancelling_pair_fp32():
 
 def test_calibration_folder(tmp_path):
     model = from_onnx(cancellation_model())
+    missing = tmp_path / "missing"
+    with pytest.raises(UserError, match=f"^amp: calib={missing}: no such folder; ") as info:
+        calibration_inputs(model, str(missing))
+    assert "\n" not in str(info.value)
+    (tmp_path / "file.npz").write_bytes(b"")
+    with pytest.raises(UserError, match="is a file, not a folder"):
+        calibration_inputs(model, str(tmp_path / "file.npz"))
+    (tmp_path / "file.npz").unlink()
     with pytest.raises(UserError, match="no .npz files"):
         calibration_inputs(model, str(tmp_path))
     np.savez(tmp_path / "a.npz", z=np.zeros(64, np.float32))

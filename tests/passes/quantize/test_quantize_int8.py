@@ -176,7 +176,7 @@ def test_exclude_by_name_and_op_type(exclude):
     ("budget=0", "budget=0 must be a positive error"),
     ("samples=0", "samples=0 must be at least 1"),
     ("exclude=convv", "exclude entry 'convv' matches no node name or op type"),
-    ("calib=/nonexistent", "calib=/nonexistent holds no .npz files"),
+    ("calib=/nonexistent", "calib=/nonexistent: no such folder"),
 ])
 def test_bad_options_are_one_line_user_errors(options, message):
     with pytest.raises(UserError) as info:
