@@ -41,6 +41,17 @@ class Emitter:
             UserError: one line saying what is impossible and what to do instead.
         """
 
+    def input_sizes(self, model: Model) -> Dict[str, int]:
+        """The sizes of ``model``'s unknown graph-input dims that the artifact will be built or
+        tuned for, as ``{"input[axis]": size}`` (empty when the emitter fixes none). Called on the
+        loaded model before any pass runs, so a missing size fails before the work, and
+        calibrating passes (amp, quantize) can measure at these sizes.
+
+        Raises:
+            UserError: the emitter needs sizes that its options do not give.
+        """
+        return {}
+
     def write(self, model: Model, target: TargetProfile, folder: str) -> Dict[str, Any]:
         """Write the artifact for ``model`` into the existing, empty ``folder``.
 

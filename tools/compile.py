@@ -267,7 +267,7 @@ def _default_rtol(args, flat, console) -> None:
     :data:`passctl.tools.check.DEFAULT_RTOL` under ``max-rel``. Says so when it uses the budget."""
     from passctl.tools.check import DEFAULT_RTOL
 
-    args.check_metric = "max-rel"
+    args.check_metric, args.rtol_source = "max-rel", None
     if args.rtol is not None:
         return
     args.rtol = DEFAULT_RTOL
@@ -277,10 +277,29 @@ def _default_rtol(args, flat, console) -> None:
             args.rtol = float(p.options.budget)
             args.check_metric = p.options.metric
             source = "amp" if p.name == "mixed-precision" else "quantize"
+            args.rtol_source = f"{source} pass's"
     if args.rtol != DEFAULT_RTOL and (args.check or args.check_each) and not args.quiet:
         console.print(f"note: the check accepts {args.check_metric} error {args.rtol:g}, the {source} "
                       "pass's budget under its metric (give --rtol for a max-rel bound)",
                       markup=False, highlight=False)
+
+
+def _calibrate_at(flat, sizes: Dict[str, int], console, quiet: bool) -> None:
+    """Give the calibrating passes (amp's ``mixed-precision``, ``quantize-int8``) that have neither
+    ``calib`` nor ``dims`` the input sizes the emitter builds for (a TensorRT profile's OPT sizes),
+    so their random calibration feeds and their measured error are at the sizes the artifact runs
+    at (the check runs there too). Says so unless ``quiet``."""
+    if not sizes:
+        return
+    text = ";".join(f"{k}={v}" for k, v in sizes.items())
+    for p in flat:
+        if p.name in ("mixed-precision", "quantize-int8") and not p.options.calib \
+                and not p.options.dims:
+            p.options.dims = text
+            if not quiet:
+                console.print(f"note: {p.name} calibrates at the emitter's input sizes "
+                              f"{text.replace(';', ', ')} (give {p.name}{{dims=...}} or calib= to "
+                              "choose)", markup=False, highlight=False)
 
 
 def _check_inputs(reference: str, dims: Dict[str, int], overrides: Dict[str, Any],
@@ -402,6 +421,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         t_loaded = time.perf_counter()
 
         _check_inputs(reference, dims, overrides, bool(args.check or args.check_each))
+        _calibrate_at(flat, emitter.input_sizes(model), console, args.quiet)
         _check_print_ir_names(args, flat)
         if args.dump_ir:
             _check_writable_folder(args.dump_ir, "--dump-ir")
@@ -466,8 +486,11 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
 
                 failures = report["check"]["failures"]
                 more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+                bound = (f"--rtol (now {args.rtol:g}) or --atol" if not args.rtol_source else
+                         f"the {args.rtol_source} budget (now {args.check_metric} {args.rtol:g}; "
+                         "calibrate at the sizes you check, or give --rtol)")
                 raise CheckFailed(f"numeric check failed: output {failures[0]}{more}; loosen "
-                                  f"--rtol (now {args.rtol:g}) or --atol, or find the pass "
+                                  f"{bound}, or find the pass "
                                   "responsible with --check-each; the candidate and report.json "
                                   "are kept in the reproducer",
                                   _check_failure_folder(args, argv, model, report, folder))

@@ -138,6 +138,22 @@ class TensorRTEmitter(Emitter):
                 raise UserError(f"target '{target.name}': build=true, but {why}; drop build=true to "
                                 f"write everything up to the engine ({SCRIPT_FILE} builds it later)")
 
+    def input_sizes(self, model: Model) -> Dict[str, int]:
+        """The optimization profile's OPT sizes of the dynamic input dims (``{"x[0]": 4}``): what
+        the engine is tuned for (see :meth:`Emitter.input_sizes`).
+
+        Raises:
+            UserError: a dynamic input dim has no range in ``shapes``.
+        """
+        profile = optimization_profile(model, self.ranges) or {}
+        sizes: Dict[str, int] = {}
+        for value in model.graph.inputs:
+            if value.name in profile and value.shape is not None:
+                sizes.update({f"{value.name}[{axis}]": profile[value.name]["opt"][axis]
+                              for axis, dim in enumerate(value.shape.dims)
+                              if not (isinstance(dim, int) and dim >= 0)})
+        return sizes
+
     def write(self, model: Model, target: TargetProfile, folder: str) -> Dict[str, Any]:
         """Write the artifact into ``folder`` (see :meth:`Emitter.write`).
 

@@ -85,7 +85,8 @@ def optimization_profile(model: Model, ranges: Dict[str, Range]) -> Optional[Pro
         names = list(dict.fromkeys(missing))
         raise UserError(f"TensorRT needs a size range for every dynamic input dim; missing: "
                         f"{', '.join(names)}; give them as --emit 'tensorrt{{shapes=\""
-                        f"{'=1:1:1,'.join(names)}=1:1:1\"}}' (MIN:OPT:MAX)")
+                        f"{'=MIN:OPT:MAX,'.join(names)}=MIN:OPT:MAX\"}}' with the smallest, "
+                        "typical and largest sizes the engine must run (e.g. 1:8:32)")
     return profile if dynamic else None
 
 

@@ -236,6 +236,7 @@ def test_bad_inputs_file_and_dim(cli, conv_bn_model, tmp_path):
 
 
 SILERO = "silero_vad:data/silero_vad_16k_op15.onnx"  # reflect-pads its input by 64: needs >= 65 samples
+CLS_SPEC = "rapidocr_onnxruntime:models/ch_ppocr_mobile_v2.0_cls_infer.onnx"
 
 
 def test_check_inputs_the_original_cannot_run_are_a_user_error(cli, tmp_path):
@@ -256,3 +257,32 @@ def test_tensorrt_check_runs_at_the_profile_opt_sizes(cli, tmp_path):
     assert r.rc == 0, r.err
     check = json.loads((out / "report.json").read_text())["check"]
     assert check["ok"] and check["inputs"][0] == {"name": "input", "shape": [1, 512], "dtype": "float32"}
+
+
+def test_tensorrt_missing_shapes_fail_before_any_pass(cli, tmp_path):
+    """A dynamic dim without a tensorrt{shapes} range is refused on the loaded model, before the
+    pipeline runs (the 'explode' pass would crash if it ran)."""
+    plugin = tmp_path / "explode_plugin.py"
+    plugin.write_text(RAISING_PLUGIN)
+    r = cli(CLS_SPEC, "--load", plugin, "--pipeline", "explode", "--target", "a10", "--emit",
+            "tensorrt", "-o", tmp_path / "out")
+    _assert_user_error(r, "TensorRT needs a size range for every dynamic input dim; missing: x[0], "
+                          "x[2], x[3]", "x[0]=MIN:OPT:MAX")
+    assert not (tmp_path / "out").exists()
+
+
+def test_quantize_for_tensorrt_calibrates_at_the_profile_opt_sizes(cli, tmp_path):
+    """quantize with neither calib= nor dims= measures its budget at the sizes the engine is tuned
+    for, which is where --check runs: the headline command passes at the default budget."""
+    out = tmp_path / "out"
+    r = cli(CLS_SPEC, "--pipeline", "cleanup,fuse,quantize", "--target", "a10", "--check", "--emit",
+            'tensorrt{shapes="x[0]=1:4:16,x[2]=48,x[3]=192:192:320"}', "-o", out)
+    assert r.rc == 0, r.err
+    assert ("note: quantize-int8 calibrates at the emitter's input sizes x[0]=4, x[2]=48, x[3]=192"
+            in r.out)
+    report = json.loads((out / "report.json").read_text())
+    check = report["check"]
+    assert check["ok"] and check["metric"] == "mean-rel" and check["metric_error"] <= 0.02
+    assert check["inputs"][0]["shape"] == [4, 3, 48, 192]
+    stats = next(p["stats"] for p in report["passes"] if p["name"] == "quantize-int8")
+    assert stats["quantized_layers"] >= 1

@@ -174,7 +174,7 @@ def test_dynamic_dims_need_ranges(tmp_path):
     proto = _graph([oh.make_node("Relu", ["x"], ["y"], name="r")],
                    [_vi("x", ["batch", 3, None])], [_vi("y", ["batch", 3, None])])
     with pytest.raises(UserError, match=r"missing: batch, x\[2\]; give them as --emit "
-                                        r"'tensorrt\{shapes=\"batch=1:1:1,x\[2\]=1:1:1\"\}'"):
+                                        r"'tensorrt\{shapes=\"batch=MIN:OPT:MAX,x\[2\]=MIN:OPT:MAX\"\}'"):
         _emit(proto, tmp_path)
     with pytest.raises(UserError, match="dims name 'batchh' matches no dim"):
         _emit(proto, tmp_path, shapes="batchh=2,x[2]=5")
