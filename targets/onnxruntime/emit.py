@@ -36,16 +36,34 @@ def weight_bytes(graph: Graph) -> int:
     return total
 
 
-def session_config(target: TargetProfile) -> Dict[str, Any]:
+def _graph_precisions(model: Optional[Model]) -> Tuple[bool, bool]:
+    """(has float16 / bfloat16 values, has QuantizeLinear nodes) in ``model``'s graphs."""
+    if model is None:
+        return False, False
+    from passctl.ir import DataType
+
+    half, int8 = False, False
+    for node in model.graph.all_nodes():
+        int8 = int8 or node.op_type == "QuantizeLinear"
+        half = half or any(v.dtype in (DataType.FLOAT16, DataType.BFLOAT16) for v in node.outputs)
+    return half, int8
+
+
+def session_config(target: TargetProfile, model: Optional[Model] = None) -> Dict[str, Any]:
     """The ``session.json`` content for ``target``.
 
     Keys: ``schema``; ``model`` (file name); ``target`` (profile dict); ``graph_optimization_level``
     (an ``onnxruntime.GraphOptimizationLevel`` name); ``intra_op_num_threads`` (0 = ONNX Runtime's
     default, one per physical core); ``execution_providers`` (``[name, options]`` pairs in priority
     order, ``CPUExecutionProvider`` last as fallback); ``optional_execution_providers`` (providers
-    to put first when the runtime has them: the TensorRT EP on GPUs, with fp16/int8 flags from the
-    profile's fast dtypes).
+    to put first when the runtime has them: the TensorRT EP on GPUs). The TensorRT EP's
+    ``trt_fp16_enable`` is set only when ``model`` already computes in fp16 / bf16 (the amp pass's
+    choice; enabling it on an fp32 graph would let TensorRT run any layer in fp16, a precision the
+    check never saw) and the profile has fp16 units; ``trt_int8_enable`` only when ``model`` has
+    Q/DQ nodes (the quantize pass's explicit quantization, which needs the INT8 builder flag in
+    the EP's weakly typed builds; no calibration table: the scales are in the graph).
     """
+    half, int8 = _graph_precisions(model)
     providers: List[List[Any]] = []
     for name in target.ort_providers:
         options: Dict[str, Any] = {}
@@ -57,9 +75,8 @@ def session_config(target: TargetProfile) -> Dict[str, Any]:
         if name == "TensorrtExecutionProvider":
             optional.append([name, {
                 "device_id": 0,
-                "trt_fp16_enable": target.supports("fp16"),
-                # INT8 in TensorRT needs a calibration table; passctl does not write one yet.
-                "trt_int8_enable": False,
+                "trt_fp16_enable": half and target.supports("fp16"),
+                "trt_int8_enable": int8 and target.supports("int8"),
                 "trt_engine_cache_enable": True,
                 "trt_engine_cache_path": "trt_cache",
             }])
@@ -133,7 +150,7 @@ class OnnxRuntimeEmitter(Emitter):
             EmitError: ONNX Runtime cannot load the written model.
         """
         path, nbytes, external = write_onnx(model, folder, self.external_data_threshold)
-        cfg = session_config(target)
+        cfg = session_config(target, model)
         with open(os.path.join(folder, SESSION_FILE), "w") as f:
             json.dump(cfg, f, indent=2)
             f.write("\n")

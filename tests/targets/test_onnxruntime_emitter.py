@@ -55,14 +55,26 @@ def test_emit_cpu_writes_loadable_model_and_session(tmp_path):
     np.testing.assert_array_equal(sess.run(None, {"x": X})[0], _run(proto, X))
 
 
-@pytest.mark.parametrize("name, fp16", [("a10", True), ("t4", True), ("h200", True)])
-def test_gpu_session_config(name, fp16):
-    cfg = session_config(get_target(name))
+@pytest.mark.parametrize("name", ["a10", "t4", "h200"])
+@pytest.mark.parametrize("pipeline, fp16, int8", [
+    ("cleanup", False, False),    # fp32: TensorRT must not pick fp16 layers the check never saw
+    ("amp", True, False),         # the graph computes in fp16
+    ("quantize", False, True),    # explicit Q/DQ: the INT8 builder flag, scales from the graph
+])
+def test_gpu_session_config(name, pipeline, fp16, int8):
+    from passctl.passes.manager import PassManager
+    from passctl.passes.pipeline_text import build_pipeline
+
+    model = from_onnx(_conv_relu_proto())
+    PassManager(build_pipeline(pipeline, name)).run(model)
+    cfg = session_config(get_target(name), model)
     assert [p for p, _ in cfg["execution_providers"]] == ["CUDAExecutionProvider",
                                                           "CPUExecutionProvider"]
     (trt_name, trt), = cfg["optional_execution_providers"]
     assert trt_name == "TensorrtExecutionProvider"
-    assert trt["trt_fp16_enable"] is fp16
+    ops = {n.op_type for n in model.graph.all_nodes()}
+    assert ("QuantizeLinear" in ops) is int8  # the pipeline did what the row says
+    assert trt["trt_fp16_enable"] is fp16 and trt["trt_int8_enable"] is int8
     assert cfg["target"]["compute_capability"] == get_target(name).sm
     assert cfg["graph_optimization_level"] in dir(ort.GraphOptimizationLevel)
 
