@@ -18,7 +18,8 @@ from passctl.passes.precision.cpu_kernels import needs_emulation
 from passctl.passes.precision.ops import convertible, float_inputs, has_float32, is_exact
 from passctl.passes.precision.rules import LOW_DTYPES, becomes_inf, finite_max, rule_fp32_nodes
 from passctl.passes.precision.sensitivity import (METRICS, calibration_inputs, group_estimates, measure,
-                                                  output_error, run_model, search_fp32_set)
+                                                  output_error, random_feeds_note, run_model,
+                                                  search_fp32_set)
 from passctl.passes.registry import register_pass
 from passctl.targets.profiles import TargetProfile, get_target
 
@@ -250,9 +251,10 @@ class MixedPrecision(Pass):
                            "fp32_by_search": result.count, "error": _round(result.error),
                            "within_budget": result.within_budget}
         if result.count == len(ranking) and ranking:
+            note = random_feeds_note(model, o.calib, parse_dims(o.dims))
             logger.warning("amp: %s %g is met only with every measured node in float32 (nothing left "
-                           "in %s); check that the calibration feeds are representative (calib=) or "
-                           "raise the budget", o.metric, o.budget, o.dtype)
+                           "in %s); %s; or raise the budget", o.metric, o.budget, o.dtype,
+                           note or "check that the calibration feeds (calib=) are representative")
         return set(ranking[result.count:])
 
 

@@ -68,6 +68,37 @@ def calibration_inputs(model: Model, calib: str = "", samples: int = 2, seed: in
     return [make_inputs(header, seed=seed + k, dim_values=dims) for k in range(max(1, samples))]
 
 
+def random_feeds_note(model: Model, calib: str = "", dims: Optional[Mapping[str, int]] = None) -> str:
+    """What a warning about the calibration result adds when the feeds are seeded random data.
+
+    Random feeds (no ``calib``) are sized by ``dims`` and, for the other unknown input dimensions, by
+    :func:`passctl.tools.inputs.make_inputs`'s defaults (e.g. 32x32 images), which may say little about
+    the real inputs. Returns ``""`` when ``calib`` is given, else one clause such as ``the calibration
+    feeds are seeded random data (no calib=) at default sizes x[2]=32, x[3]=32: give calib=DIR with real
+    inputs (.npz files named by input) or the real sizes, e.g. dims="x[2]=SIZE,x[3]=SIZE"`` (the
+    model's own unknown dimension keys: ``dim_param`` names or ``input[axis]``; dimensions that
+    defaulted to 1, such as a batch, are left out of the example unless all did).
+    """
+    if calib:
+        return ""
+    from passctl.tools.inputs import plan_inputs
+
+    plan = plan_inputs(to_onnx(_interface_only(model)), dims)
+    defaulted = [k for k, source in plan.dim_sources.items() if source == "default"]
+    given = [k for k, source in plan.dim_sources.items() if source != "default"]
+    text = "the calibration feeds are seeded random data (no calib=)"
+    if defaulted:
+        text += f" at default sizes {', '.join(f'{k}={plan.dims[k]}' for k in defaulted)}"
+    if given:
+        text += f"{' and' if defaulted else ' at'} given sizes {', '.join(f'{k}={plan.dims[k]}' for k in given)}"
+    text += ": give calib=DIR with real inputs (.npz files, arrays by input name)"
+    if defaulted:  # batch-like dimensions defaulted to 1 can stay so
+        example = ",".join(f"{k}=SIZE" for k in defaulted if plan.dims[k] != 1
+                           ) or ",".join(f"{k}=SIZE" for k in defaulted)
+        text += f' or the real sizes, e.g. dims="{example}"'
+    return text
+
+
 def _interface_only(model: Model) -> Model:
     """A node-less copy holding only the graph inputs (for make_inputs, which reads declarations)."""
     from passctl.ir import Graph

@@ -14,7 +14,7 @@ from passctl.passes._snapshot import clone_model
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.precision.amp import parse_dims
 from passctl.passes.precision.sensitivity import (METRICS, calibration_inputs, output_error,
-                                                  run_model, search_fp32_set)
+                                                  random_feeds_note, run_model, search_fp32_set)
 from passctl.passes.quantize.calibrate import Sensitivity, calibrate, sensitivity
 from passctl.passes.quantize.layers import QUANTIZABLE, QuantLayer, find_layers
 from passctl.passes.quantize.opset import raise_opset
@@ -206,7 +206,7 @@ class QuantizeInt8(Pass):
             return output_error(reference, run_model(trial, feeds), o.metric)
 
         sens = sensitivity(model, layers, scales, feeds, cache, unsigned, outputs)
-        quantized, alone, why = self._search(layers, sens, error_of, stats)
+        quantized, alone, why = self._search(model, layers, sens, error_of, stats)
         added = apply_qdq(model, quantized, scales, cache, unsigned, outputs)
         entries = [{"name": k, "op": "", "precision": "fp32", "why": v} for k, v in skipped.items()]
         for l in sorted(layers, key=lambda l: l.position):
@@ -226,10 +226,13 @@ class QuantizeInt8(Pass):
                     stats["float_layers"], o.metric, stats["error"])
         return PassResult(bool(quantized) or "opset_raised" in stats, stats)
 
-    def _search(self, layers: List[QuantLayer], sens: Sensitivity,
+    def _search(self, model: Model, layers: List[QuantLayer], sens: Sensitivity,
                 error_of: Callable[[List[QuantLayer]], float], stats: Dict[str, Any]
                 ) -> Tuple[List[QuantLayer], Dict[int, float], Dict[int, str]]:
         """Rank the layers and find the fewest most sensitive ones to keep float32 (rule 5).
+
+        Warns when the budget is met only with every layer float32, naming the random feeds' sizes
+        (:func:`passctl.passes.precision.sensitivity.random_feeds_note`) when ``calib`` is empty.
 
         Returns:
             ``(layers to quantize, {position: output error alone} (empty for local ranking),
@@ -256,8 +259,11 @@ class QuantizeInt8(Pass):
                            "runs": len(result.history) + len(alone),
                            "history": [[k, _round(e)] for k, e in result.history]}
         if result.count == len(ranking):
-            logger.warning("quantize-int8: %s %g is met only with every layer in float32",
-                           o.metric, o.budget)
+            note = random_feeds_note(model, o.calib, parse_dims(o.dims))
+            logger.warning("quantize-int8: %s %g is met only with every layer in float32 (0 of %d "
+                           "layers int8); %s; or raise the budget", o.metric, o.budget,
+                           len(ranking), note or "check that the calibration feeds (calib=) are "
+                           "representative")
         why = {l.position: f"{MEASURED} (rank {r + 1})"
                for r, l in enumerate(ranking[:result.count])}
         return ranking[result.count:], alone, why

@@ -135,3 +135,19 @@ def test_feeds_the_model_cannot_run_are_a_user_error(tmp_path):
     passes = build_pipeline(f"amp{{calib={tmp_path}}}", "cpu")
     with pytest.raises(UserError, match="cannot run the float32 model on the calibration feeds"):
         PassManager(passes).run(model)
+
+
+def test_all_fp32_warning_names_random_feed_sizes_and_remedies(caplog):
+    proto = cancellation_model()
+    for value in (proto.graph.input[0], proto.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "length"  # symbolic: x [length]
+    with caplog.at_level("WARNING", logger="passctl.passes.precision.amp"):
+        _, stats = run_amp(proto, "amp{dtype=fp16,budget=1e-9,metric=max-rel}", "cpu")
+    assert stats["low_nodes"] == 0  # fp16 rounding of x alone is far above 1e-9
+    warnings = [r.getMessage() for r in caplog.records if "is met only" in r.getMessage()]
+    assert len(warnings) == 1
+    text = warnings[0]
+    assert text.startswith("amp: max-rel 1e-09 is met only with every measured node in float32")
+    # make_inputs' default for a 'len'-like dimension name is 16 (tools/inputs.py DEFAULT_SEQUENCE)
+    assert "seeded random data (no calib=) at default sizes length=16:" in text
+    assert "calib=DIR" in text and 'dims="length=SIZE"' in text and "\n" not in text

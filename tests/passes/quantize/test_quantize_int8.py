@@ -163,6 +163,44 @@ def test_tiny_budget_puts_layers_back_to_float():
             assert produced.get(node.input[1]) is None
 
 
+def _dynamic_model() -> onnx.ModelProto:
+    """:func:`_small_model` with x [?, 3, ?, ?] (unnamed: keys x[0], x[2], x[3])."""
+    proto = _small_model()
+    for axis in (0, 2, 3):
+        proto.graph.input[0].type.tensor_type.shape.dim[axis].Clear()
+    return proto
+
+
+def _all_float_warning(caplog, proto, options) -> str:
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="passctl.passes.quantize.quantize_int8"):
+        _, _, stats = _quantize(proto, options)
+    assert stats["quantized_layers"] == 0 and stats["float_layers"] == 3  # every layer float32
+    warnings = [r.getMessage() for r in caplog.records if "is met only" in r.getMessage()]
+    assert len(warnings) == 1
+    return warnings[0]
+
+
+def test_all_float_warning_names_random_feed_sizes_and_remedies(caplog, tmp_path):
+    # budget 1e-9: any int8 layer misses it, so every layer returns to float32
+    text = _all_float_warning(caplog, _dynamic_model(), "budget=1e-9")
+    assert text.startswith("quantize-int8: mean-rel 1e-09 is met only with every layer in float32 "
+                           "(0 of 3 layers int8); the calibration feeds are seeded random data")
+    # make_inputs' default for the spatial axes of a rank-4 input is 32 (tools/inputs.py)
+    # (batch axis 0 is 1, spatial axes 2 and 3 are 32); the batch of 1 is left out of the example
+    assert "at default sizes x[0]=1, x[2]=32, x[3]=32:" in text
+    assert "calib=DIR" in text and 'dims="x[2]=SIZE,x[3]=SIZE"' in text
+    # given sizes are named as given; only the defaulted batch is left to suggest
+    text = _all_float_warning(caplog, _dynamic_model(), "budget=1e-9,dims='x[2]=16,x[3]=8'")
+    assert "at default sizes x[0]=1 and given sizes x[2]=16, x[3]=8:" in text
+    assert "calib=DIR" in text and 'dims="x[0]=SIZE"' in text
+    # real calibration files: no word about random feeds
+    np.savez(tmp_path / "a.npz", x=np.ones((1, 3, 8, 8), np.float32))
+    text = _all_float_warning(caplog, _dynamic_model(), f"budget=1e-9,calib={tmp_path}")
+    assert "random" not in text and "check that the calibration feeds (calib=) are " \
+        "representative; or raise the budget" in text
+
+
 @pytest.mark.parametrize("exclude", ["'conv,Gemm'", "conv;Gemm"])
 def test_exclude_by_name_and_op_type(exclude):
     _, proto, stats = _quantize(_small_model(), f"budget=10,exclude={exclude}", "a10")
