@@ -57,32 +57,51 @@ def _fmt_err(x) -> str:
     return "n/a" if x is None else f"{float(x):.3g}"
 
 
-def _short(value: Any) -> str:
-    """A statistic for the terminal table: lists and dicts (per-node reports such as amp's ``nodes``)
-    are summarized by their size; report.json keeps them whole."""
-    if isinstance(value, list):
-        return f"[{len(value)} entries]"
-    if isinstance(value, dict):
-        return f"{{{len(value)} keys}}"
-    return str(value)
+TABLE_WIDTH = 120
+"""Widest line of the terminal pass table; longer statistics wrap inside the "what it did" column."""
+SHORT_TEXT = 40
+"""Longest string statistic shown in the terminal table (longer ones are in report.json only)."""
+
+
+def _shown(value: Any) -> bool:
+    """Whether a statistic goes into the terminal table: a nonzero number, ``True``, or a nonempty
+    string of at most :data:`SHORT_TEXT` characters. Lists and dicts (per-layer reports such as
+    quantize's ``layers``, nested ``search`` records) are left to report.json."""
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (bool, int, float)):
+        return bool(value)
+    return isinstance(value, str) and 0 < len(value) <= SHORT_TEXT
+
+
+def stats_text(stats: Dict[str, Any]) -> str:
+    """``"k=v, k=v"`` of the statistics :func:`_shown` keeps, or ``"modified"`` when none is."""
+    return ", ".join(f"{k}={v}" for k, v in stats.items() if _shown(v)) or "modified"
 
 
 def print_summary(console, report: Dict[str, Any]) -> None:
     """Print the short terminal summary of a compile run with rich.
 
-    Shows the passes that changed the model with their statistics, the node counts before and after,
-    the check's worst errors, the total time and where the artifact is.
+    Shows the passes that changed the model with their scalar statistics (:func:`stats_text`; the
+    table is at most :data:`TABLE_WIDTH` columns wide, longer statistics wrap), the node counts before
+    and after, the check's worst errors, the total time and where the artifact is.
     """
     from rich.table import Table
 
     fired: List[Dict[str, Any]] = [p for p in report["passes"] if p["modified"]]
     table = Table(title=None, show_header=True, header_style="bold", box=None, pad_edge=False)
-    table.add_column("pass")
-    table.add_column("ms", justify="right")
-    table.add_column("what it did")
-    for p in fired:
-        stats = ", ".join(f"{k}={_short(v)}" for k, v in p["stats"].items() if v) or "modified"
-        table.add_row(p["name"], f"{p['time_ms']:.1f}", stats)
+    rows = [(p["name"], f"{p['time_ms']:.1f}", stats_text(p["stats"])) for p in fired]
+    name_width = max([len("pass")] + [len(r[0]) for r in rows])
+    ms_width = max([len("ms")] + [len(r[1]) for r in rows])
+    # two spaces between columns (padding 1 on each side, no box)
+    table.add_column("pass", no_wrap=True)
+    table.add_column("ms", justify="right", no_wrap=True)
+    table.add_column("what it did", overflow="fold",
+                     max_width=max(len("what it did"), TABLE_WIDTH - name_width - ms_width - 4))
+    for row in rows:
+        table.add_row(*row)
     if fired:
         console.print(table)
     else:
