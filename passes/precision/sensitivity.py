@@ -86,11 +86,14 @@ def random_feeds_note(model: Model, calib: str = "", dims: Optional[Mapping[str,
     plan = plan_inputs(to_onnx(_interface_only(model)), dims)
     defaulted = [k for k, source in plan.dim_sources.items() if source == "default"]
     given = [k for k, source in plan.dim_sources.items() if source != "default"]
+    def sizes(keys: List[str]) -> str:
+        return ", ".join(f"{k}={plan.dims[k]}" for k in keys)
+
     text = "the calibration feeds are seeded random data (no calib=)"
     if defaulted:
-        text += f" at default sizes {', '.join(f'{k}={plan.dims[k]}' for k in defaulted)}"
+        text += f" at default sizes {sizes(defaulted)}"
     if given:
-        text += f"{' and' if defaulted else ' at'} given sizes {', '.join(f'{k}={plan.dims[k]}' for k in given)}"
+        text += f"{' and' if defaulted else ' at'} given sizes {sizes(given)}"
     text += ": give calib=DIR with real inputs (.npz files, arrays by input name)"
     if defaulted:  # batch-like dimensions defaulted to 1 can stay so
         example = ",".join(f"{k}=SIZE" for k in defaulted if plan.dims[k] != 1
