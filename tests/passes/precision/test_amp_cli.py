@@ -34,7 +34,11 @@ def test_fp16_compile_checks_and_reports_each_node(tmp_path, capsys):
                     "-o", out, "--check", "--rtol", "1e-2")
     assert rc == 0, text
     # the terminal summary shows scalar statistics only; the per-node list is in report.json
-    row = next(line for line in text.splitlines() if line.startswith("mixed-precision"))
+    # (the row may wrap onto continuation lines that start with blanks, up to the next pass row)
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("mixed-precision"))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+    row = " ".join(line.strip() for line in lines[start:end])
     assert "low_nodes=1" in row and "nodes=[" not in text and "target={" not in text
     report = json.loads((out / "report.json").read_text())
     assert report["check"]["ok"] and report["check"]["max_rel"] < 1e-2
