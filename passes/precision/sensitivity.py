@@ -111,11 +111,14 @@ def _interface_only(model: Model) -> Model:
 
 
 def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = None,
-              threads: Optional[int] = None) -> List[Dict[str, np.ndarray]]:
+              threads: Optional[int] = None, optimize: bool = False) -> List[Dict[str, np.ndarray]]:
     """Run ``model`` (IR) on ONNX Runtime's CPU EP for every feed (:func:`passctl.tools.check.cpu_session`).
 
-    Graph optimizations are off (``ORT_DISABLE_ALL``) so the Casts that round to low precision are
-    executed as written. Initializers of :data:`INJECT_MIN_BYTES` or more are not serialized: the
+    Graph optimizations are off (``ORT_DISABLE_ALL``) by default so the Casts that round to low
+    precision are executed as written (amp); ``optimize=True`` uses ``ORT_ENABLE_ALL``, the level an
+    ONNX Runtime artifact's ``session.json`` ships with, which fuses ``DQ -> Conv -> Q`` node units
+    into QLinearConv-style int8 kernels with their own fixed-point requantization (quantize measures
+    the cpu form this way). Initializers of :data:`INJECT_MIN_BYTES` or more are not serialized: the
     model bytes mark them as external data and ONNX Runtime receives their arrays as ``OrtValue``s
     (``SessionOptions.add_external_initializers``), which saves a copy of every weight per run (the
     search runs the model once per candidate assignment). Models that still hold :data:`EMBED_LIMIT`
@@ -126,12 +129,13 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     plan, values, embedded = _external_initializers(model)
     if embedded < EMBED_LIMIT:
         proto = ProtoBuilder(external=plan, location=_IN_MEMORY).model(model)
-        session = cpu_session(proto.SerializeToString(), threads=threads, external_initializers=values)
+        session = cpu_session(proto.SerializeToString(), optimize=optimize, threads=threads,
+                              external_initializers=values)
     else:  # protobuf's 2 GB limit: weights in an external data file next to a temporary model
         with tempfile.TemporaryDirectory(prefix="passctl-amp-") as folder:
             path = os.path.join(folder, "model.onnx")
             save(model, path, external_data=True)
-            session = cpu_session(path, threads=threads)
+            session = cpu_session(path, optimize=optimize, threads=threads)
     names = list(outputs) if outputs is not None else [o.name for o in session.get_outputs()]
     wanted = [i.name for i in session.get_inputs()]
     return [dict(zip(names, session.run(names, {n: f[n] for n in wanted}))) for f in feeds]
