@@ -65,6 +65,13 @@ def _slots(node: Node) -> Optional[Tuple[int, int, int]]:
     return None
 
 
+def quantizable_nodes(graph: Graph) -> List[Tuple[str, Node]]:
+    """``(layer name, node)`` for every node of a :data:`QUANTIZABLE` op in ``graph`` (main graph),
+    named as :class:`QuantLayer` names them, whatever its dtypes."""
+    return [(node.name or (node.provenance[0] if node.provenance else f"{node.op_type}@{p}"), node)
+            for p, node in enumerate(graph) if _slots(node) is not None]
+
+
 def find_layers(graph: Graph, exclude: Sequence[str] = ()
                 ) -> Tuple[List[QuantLayer], Dict[str, str]]:
     """The quantizable nodes of ``graph`` (main graph only) and why the other candidates are not.

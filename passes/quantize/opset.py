@@ -15,8 +15,8 @@ def raise_opset(model: Model, opset: int) -> int:
 
     Uses ``onnx.version_converter.convert_version`` (the ONNX project's adapters between opsets,
     e.g. Squeeze/Unsqueeze/ReduceSum ``axes`` attributes becoming inputs at 13). The converted
-    model replaces ``model``'s graph, opset imports, IR version and functions; provenance travels
-    through the ONNX node metadata.
+    model replaces ``model``'s graph, opset imports, IR version and functions; each node keeps the
+    provenance of the node of the same name (the converter drops node metadata).
 
     Raises:
         UserError: the converter fails (e.g. a custom-domain op it has no schema for); names the
@@ -35,6 +35,12 @@ def raise_opset(model: Model, opset: int) -> int:
                         f"opset {old}, and onnx's version converter failed ({first}); convert the "
                         f"model to opset {opset} first (or quantize before `fuse`)") from e
     new = from_onnx(converted, model.base_dir)
+    # The converter drops node metadata (where provenance is written): restore it by node name,
+    # so exclude= entries naming source nodes (Conv@1) still match after cleanup,fuse.
+    provenance = {n.name: n.provenance for n in model.graph if n.name and n.provenance}
+    for n in new.graph:
+        if n.name in provenance:
+            n.provenance = provenance[n.name]
     model.graph = new.graph
     model.opset_imports = new.opset_imports
     model.ir_version = new.ir_version

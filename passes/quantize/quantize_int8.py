@@ -16,7 +16,8 @@ from passctl.passes.precision.amp import parse_dims
 from passctl.passes.precision.sensitivity import (METRICS, calibration_inputs, output_error,
                                                   random_feeds_note, run_model, search_fp32_set)
 from passctl.passes.quantize.calibrate import Sensitivity, calibrate, sensitivity
-from passctl.passes.quantize.layers import QUANTIZABLE, QuantLayer, find_layers
+from passctl.passes.quantize.layers import (QUANTIZABLE, QuantLayer, find_layers,
+                                            quantizable_nodes)
 from passctl.passes.quantize.opset import raise_opset
 from passctl.passes.quantize.qdq import QDQ_MIN_OPSET, WeightCache, apply_qdq
 from passctl.passes.quantize.unfuse import unfuse_conv
@@ -137,21 +138,28 @@ class QuantizeInt8(Pass):
             raise UserError(f"quantize-int8: samples={o.samples} must be at least 1")
 
     def _exclude(self, model: Model) -> List[str]:
-        """The ``exclude`` entries; each must name a node (or a source node) or an op type.
+        """The ``exclude`` entries; each must name a quantizable node (its name or a source node
+        name in its provenance, e.g. ``Conv@1`` after ``cleanup,fuse``) or a quantizable op type
+        present in the model.
 
         Raises:
-            UserError: an entry matches nothing.
+            UserError: an entry matches no such node; the message lists the candidates.
         """
         text = self.options.exclude.replace(";", ",")
         entries = [e.strip() for e in text.split(",") if e.strip()]
-        known = set(QUANTIZABLE)
-        for n in model.graph:
-            known.update((n.name, n.op_type, *n.provenance))
+        candidates = quantizable_nodes(model.graph)
+        known = set()
+        for name, n in candidates:
+            known.update((name, n.name, n.op_type, *n.provenance))
         for e in entries:
             if e not in known:
-                raise UserError(f"quantize-int8: exclude entry '{e}' matches no node name or op "
-                                f"type of the model; give node names (passctl show MODEL) or op "
-                                f"types ({', '.join(QUANTIZABLE)})")
+                ops = sorted({n.op_type for _, n in candidates})
+                names = [name for name, _ in candidates]
+                shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)"
+                                                 if len(names) > 12 else "")
+                raise UserError(f"quantize-int8: exclude entry '{e}' names no quantizable node "
+                                f"({', '.join(QUANTIZABLE)}) of the model; give one of the op "
+                                f"types {', '.join(ops) or 'none'} or node names {shown or 'none'}")
         return entries
 
     def run(self, model: Model) -> PassResult:

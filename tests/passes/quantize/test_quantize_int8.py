@@ -213,7 +213,11 @@ def test_exclude_by_name_and_op_type(exclude):
     ("percentile=0", "percentile=0 is outside (0, 100]"),
     ("budget=0", "budget=0 must be a positive error"),
     ("samples=0", "samples=0 must be at least 1"),
-    ("exclude=convv", "exclude entry 'convv' matches no node name or op type"),
+    ("exclude=convv", "exclude entry 'convv' names no quantizable node"),
+    ("exclude=Relu", "exclude entry 'Relu' names no quantizable node"),  # not a quantizable op
+    ("exclude=relu", "exclude entry 'relu' names no quantizable node"),  # a node, not quantizable
+    ("exclude=FusedConv", "give one of the op types Conv, Gemm, MatMul or node names conv, "
+                          "matmul, gemm"),  # quantizable, but no such node in the model
     ("calib=/nonexistent", "calib=/nonexistent: no such folder"),
 ])
 def test_bad_options_are_one_line_user_errors(options, message):
@@ -221,6 +225,28 @@ def test_bad_options_are_one_line_user_errors(options, message):
         _quantize(_small_model(), options)
     text = str(info.value)
     assert message in text and "\n" not in text and text.startswith("quantize-int8: ")
+
+
+def test_exclude_by_source_name_after_fuse_and_opset_raise():
+    # nameless nodes at opset 11: cleanup,fuse makes Conv + Relu one FusedConv whose provenance
+    # holds the source names; quantize raises the opset to 13 (onnx's converter drops node
+    # metadata), and exclude=Conv@0 must still keep that layer float32
+    proto = _small_model()
+    for node in proto.graph.node:
+        node.name = ""
+    proto.opset_import[0].version = 11
+    model = from_onnx(proto)
+    PassManager(build_pipeline("cleanup,fuse", "cpu")).run(model)
+    fused = next(n for n in model.graph if n.op_type == "FusedConv")
+    assert "Conv@0" in fused.provenance and fused.name != "Conv@0"
+    result = PassManager(build_pipeline("quantize{budget=10,exclude=Conv@0}", "cpu")).run(model)
+    stats = next(r.stats for r in result.records if r.name == "quantize-int8")
+    assert stats["opset_raised"] == [11, 13]
+    kept = [l for l in stats["layers"] if l["precision"] == "fp32"]
+    assert [l["why"] for l in kept] == ["excluded (exclude option)"]
+    assert stats["quantized_layers"] == 2
+    conv = next(n for n in model.graph if n.op_type in ("Conv", "FusedConv"))
+    assert conv.inputs[1].producer is None  # its weight is still the float32 initializer
 
 
 def test_unknown_calibration_is_a_pipeline_error():
