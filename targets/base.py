@@ -41,6 +41,14 @@ class Emitter:
             UserError: one line saying what is impossible and what to do instead.
         """
 
+    def check_passes(self, passes) -> None:
+        """Refuse, before any pass runs, pass options whose output this emitter cannot take
+        (``passes``: the pipeline's passes, groups flattened).
+
+        Raises:
+            UserError: one line naming the pass option and what to do.
+        """
+
     def input_sizes(self, model: Model) -> Dict[str, int]:
         """The sizes of ``model``'s unknown graph-input dims that the artifact will be built or
         tuned for, as ``{"input[axis]": size}`` (empty when the emitter fixes none). Called on the

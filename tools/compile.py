@@ -403,6 +403,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     emitter.preflight(target, check=bool(args.check))
     passes = build_pipeline(args.pipeline, target.name, emitter.name)
     flat = PassManager(passes).flat_passes()
+    emitter.check_passes(flat)
     dims, overrides = parse_dims(args.dim), load_input_file(args.inputs)
     _default_rtol(args, flat, console)
     steps = 1 + len(passes) + 1 + 1 + int(args.check)  # load, passes, final dce, emit, check
@@ -545,8 +546,13 @@ def _check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],
 def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[str, Any]:
     """The numeric check's report entry: inputs used, per-output errors, worst errors, ``ok``.
 
-    Uses :mod:`passctl.tools.check` (ONNX Runtime, graph optimizations off, on both models) on
-    seeded inputs from ``make_inputs``; an output passes when ``OutputDiff.ok(rtol, atol, metric)``
+    Uses :mod:`passctl.tools.check` (ONNX Runtime's CPU execution provider) on seeded inputs from
+    ``make_inputs``: the reference (original) runs with graph optimizations off; an ONNX Runtime
+    artifact's ``model.onnx`` runs with its ``session.json``'s ``graph_optimization_level``
+    (``ORT_ENABLE_ALL``: what ships, e.g. QLinearConv kernels for a quantized cpu model) and
+    ``optimization`` in the entry says so; any other ``model.onnx`` (a TensorRT artifact's, which
+    TensorRT parses as written) runs unoptimized. An output passes when
+    ``OutputDiff.ok(rtol, atol, metric)``
     (``args.check_metric``: max-rel, or the budget's metric when the rtol is a pass's budget). A TVM
     artifact's folder (``candidate``'s folder holds its manifest) runs in ``tvm.runtime`` on inputs
     of the static shapes in its manifest; without ``dims``, a TensorRT artifact's inputs take its
@@ -592,7 +598,9 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
                         f"{first}; give sizes that fit with --dim NAME=SIZE or arrays with "
                         "--inputs FILE.npz") from e
     warnings = _vacuous_check_warnings(want, args.atol, plan.dims, sources, overrides)
-    got = load_artifact(folder).run(inputs) if tvm else run_onnxruntime(candidate, inputs)
+    level = _session_optimization(folder)
+    got = (load_artifact(folder).run(inputs) if tvm else
+           run_onnxruntime(candidate, inputs, optimize=level or False))
     result = compare(want, got)
     metric = getattr(args, "check_metric", "max-rel")
     entry = result.to_dict(args.rtol, metric)
@@ -601,7 +609,8 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     failures = result.failures(args.rtol, args.atol, metric)
     finite = [o for o in result.outputs.values() if o.problem is None]
     entry.update(
-        ok=result.ok(args.rtol, args.atol, metric), atol=args.atol, seed=args.seed, dims=plan.dims,
+        ok=result.ok(args.rtol, args.atol, metric), atol=args.atol, seed=args.seed,
+        optimization=level or ("tvm" if tvm else "ORT_DISABLE_ALL"), dims=plan.dims,
         dims_source=sources, overridden=sorted(overrides),
         inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)}
                 for k, v in inputs.items()],
@@ -612,6 +621,20 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
                         if d.ok(args.rtol, args.atol, metric) and not d.ok(args.rtol, 0.0, metric)],
         metric_error=max((o.error(metric) for o in finite), default=0.0))
     return entry
+
+
+def _session_optimization(folder: str) -> Optional[str]:
+    """The ``graph_optimization_level`` of the ONNX Runtime artifact in ``folder`` (its
+    ``session.json``), or ``None`` when ``folder`` is not one."""
+    import json
+
+    from passctl.targets.onnxruntime.emit import SESSION_FILE
+
+    path = os.path.join(folder, SESSION_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return str(json.load(f)["graph_optimization_level"])
 
 
 def _vacuous_check_warnings(want: Dict[str, Any], atol: float, dims: Dict[str, int],

@@ -200,6 +200,8 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     elif runner.kind == "tensorrt":
         dims = profile_opt_dims(folder)
     feeds = make_inputs(runner.header, seed=seed, dim_values=dims, overrides=load_input_file(inputs))
+    if runner.kind == "tensorrt":
+        _warn_outside_profile(folder, feeds)
     try:
         outputs = runner.run(feeds)
         for _ in range(max(warmup - 1, 0)):
@@ -215,6 +217,22 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"artifact '{folder}': the inputs do not fit: {first}") from e
     return runner.kind, outputs, times
+
+
+def _warn_outside_profile(folder: str, feeds: Mapping[str, np.ndarray]) -> None:
+    """Warn when an input's shape lies outside a TensorRT artifact's optimization profile: its
+    model.onnx runs here, but the engine would refuse that shape."""
+    import json
+
+    with open(os.path.join(folder, "manifest.json")) as f:
+        profile = json.load(f).get("optimization_profile") or {}
+    for name, rows in profile.items():
+        shape = list(np.shape(feeds.get(name, ())))
+        if len(shape) == len(rows["min"]) and not all(
+                lo <= d <= hi for d, lo, hi in zip(shape, rows["min"], rows["max"])):
+            logger.warning("input '%s' has shape %s, outside the engine's optimization profile "
+                           "(min %s, max %s): model.onnx runs it here, TensorRT's engine would "
+                           "refuse it", name, shape, rows["min"], rows["max"])
 
 
 def profile_opt_dims(folder: str) -> Dict[str, int]:

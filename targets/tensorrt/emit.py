@@ -116,6 +116,9 @@ class TensorRTEmitter(Emitter):
         if workspace_mb < 0:
             raise UserError(f"TensorRT emitter workspace_mb={workspace_mb}: give a size in MiB, or 0 "
                             "for TensorRT's default")
+        if external_data_threshold < 0:
+            raise UserError(f"TensorRT emitter external_data_threshold={external_data_threshold}: "
+                            "give a size in bytes (>= 0)")
         self.shapes = shapes
         self.build = build
         self.tf32 = tf32
@@ -132,11 +135,32 @@ class TensorRTEmitter(Emitter):
         if not target.is_gpu:
             raise UserError(f"target '{target.name}': TensorRT runs on NVIDIA GPUs; give a GPU target "
                             "(a10, t4, l4, a100, h100, h200) or --emit onnxruntime / tvm for the CPU")
+        if target.memory_bytes and (self.workspace_mb << 20) > target.memory_bytes:
+            raise UserError(f"target '{target.name}': workspace_mb={self.workspace_mb} is more than "
+                            f"its {target.memory_bytes / 1e9:g} GB of memory; give a smaller "
+                            "workspace_mb, or 0 for TensorRT's default")
         if self.build:
             why = engine_unavailable(target)
             if why is not None:
                 raise UserError(f"target '{target.name}': build=true, but {why}; drop build=true to "
                                 f"write everything up to the engine ({SCRIPT_FILE} builds it later)")
+
+    def check_passes(self, passes) -> None:
+        """Refuse a ``quantize-int8`` that writes ONNX Runtime's uint8 form (zero point 128):
+        TensorRT's ONNX parser requires zero points of 0 (see :meth:`Emitter.check_passes`).
+
+        Raises:
+            UserError: ``activations=uint8``, or ``target=cpu`` with ``activations=auto``.
+        """
+        for p in passes:
+            if p.name != "quantize-int8":
+                continue
+            o = p.options
+            if o.activations == "uint8" or (o.activations == "auto" and o.target == "cpu"):
+                why = "activations=uint8" if o.activations == "uint8" else "target=cpu"
+                raise UserError(f"--emit tensorrt: quantize-int8{{{why}}} writes uint8 activations "
+                                "with zero point 128, and TensorRT requires zero points of 0; drop "
+                                f"{why} (GPU targets get int8 with zero point 0)")
 
     def input_sizes(self, model: Model) -> Dict[str, int]:
         """The optimization profile's OPT sizes of the dynamic input dims (``{"x[0]": 4}``): what
@@ -175,7 +199,9 @@ class TensorRTEmitter(Emitter):
         manifest: Dict[str, Any] = {
             "schema": MANIFEST_SCHEMA,
             "model": MODEL_FILE,
-            "external_data": DATA_FILE if external else None,
+            # ir.save keeps initializers under 1 KiB inline whatever the threshold: name the file
+            # only when it was written
+            "external_data": DATA_FILE if os.path.exists(os.path.join(folder, DATA_FILE)) else None,
             "target": target.to_dict(),
             "parser_support": f"TensorRT {TENSORRT_VERSION} ONNX parser (onnx-tensorrt operators.md)",
             "inputs": _value_specs(model.graph.inputs),

@@ -53,8 +53,9 @@ def optimization_profile(model: Model, ranges: Dict[str, Range]) -> Optional[Pro
     (``IOptimizationProfile::setDimensions``), so a dim without one is an error.
 
     Raises:
-        UserError: a key of ``ranges`` matches no dynamic dim, or a dynamic dim has no range (the
-            message lists the missing ones and the option that gives them).
+        UserError: a key of ``ranges`` matches no dynamic dim, a range is given for a static axis,
+            or a dynamic dim has no range (the message lists the missing ones and the option that
+            gives them).
     """
     from passctl.passes.fusion.lower_tvm import check_dims
 
@@ -70,6 +71,11 @@ def optimization_profile(model: Model, ranges: Dict[str, Range]) -> Optional[Pro
         for axis, dim in enumerate(value.shape.dims):
             if isinstance(dim, int) and dim >= 0:
                 sizes: Range = (dim, dim, dim)
+                given = ranges.get(f"{value.name}[{axis}]")
+                if given is not None and given != sizes:
+                    raise UserError(f"{_OWNER}: axis {axis} of input '{value.name}' is static with "
+                                    f"size {dim}, so the range {':'.join(map(str, given))} cannot "
+                                    f"apply; drop {value.name}[{axis}] from shapes")
             else:
                 dynamic = True
                 key = f"{value.name}[{axis}]"

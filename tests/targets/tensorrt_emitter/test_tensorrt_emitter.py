@@ -262,3 +262,67 @@ def test_minilm_amp_for_tensorrt_matches_the_original(tmp_path):
     for want, got in zip(_run(source, feeds), _run(str(out / "model.onnx"), feeds)):
         got = got.astype(np.float64)
         assert np.abs(got - want).sum() / np.abs(want).sum() <= 1e-2  # amp's default budget (mean-rel)
+
+
+def test_a_range_on_a_static_axis_is_refused(tmp_path):
+    proto = _graph([oh.make_node("Relu", ["x"], ["y"], name="r")], [_vi("x", [2, "n"])],
+                   [_vi("y", [2, "n"])])
+    with pytest.raises(UserError, match=r"axis 0 of input 'x' is static with size 2, so the range "
+                                        r"1:2:4 cannot apply"):
+        _emit(proto, tmp_path, shapes="x[0]=1:2:4,n=3")
+    out = _emit(proto, tmp_path, shapes="x[0]=2,n=3")  # the static size itself is accepted
+    assert json.load(open(out / "manifest.json"))["optimization_profile"]["x"]["max"] == [2, 3]
+
+
+def test_manifest_names_external_data_only_when_written(tmp_path):
+    """ir.save keeps initializers under 1 KiB inline whatever the threshold."""
+    w = onnx.numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    proto = _graph([oh.make_node("MatMul", ["x", "w"], ["y"], name="m")], [_vi("x", [2, 2])],
+                   [_vi("y", [2, 2])], [w])
+    out = _emit(proto, tmp_path, external_data_threshold=0)
+    manifest = json.load(open(out / "manifest.json"))
+    assert manifest["external_data"] is None and not (out / "model.onnx.data").exists()
+    big = onnx.numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    proto = _graph([oh.make_node("MatMul", ["x", "w"], ["y"], name="m")], [_vi("x", [2, 64])],
+                   [_vi("y", [2, 64])], [big])
+    out = tmp_path / "big"
+    TensorRTEmitter(external_data_threshold=0).emit(from_onnx(proto), get_target("a10"), str(out))
+    assert json.load(open(out / "manifest.json"))["external_data"] == "model.onnx.data"
+    assert (out / "model.onnx.data").stat().st_size == 64 * 64 * 4
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(external_data_threshold=-1), "external_data_threshold=-1: give a size in bytes"),
+    (dict(workspace_mb=100000000), "workspace_mb=100000000 is more than its 24 GB of memory"),
+])
+def test_bad_sizes_are_refused(options, message):
+    with pytest.raises(UserError, match=message):
+        TensorRTEmitter(**options).preflight(get_target("a10"))
+
+
+@pytest.mark.parametrize("pipeline, why", [
+    ("quantize{activations=uint8}", "activations=uint8"),
+    ("quantize{target=cpu}", "target=cpu"),
+])
+def test_quantize_uint8_form_is_refused_before_the_passes(pipeline, why):
+    from passctl.passes.manager import PassManager as PM
+
+    flat = PM(build_pipeline(pipeline, "a10", "tensorrt")).flat_passes()
+    with pytest.raises(UserError, match=f"quantize-int8{{{why}}} writes uint8 activations with "
+                                        "zero point 128, and TensorRT requires zero points of 0"):
+        TensorRTEmitter().check_passes(flat)
+    TensorRTEmitter().check_passes(PM(build_pipeline("quantize", "a10", "tensorrt")).flat_passes())
+
+
+def test_run_warns_outside_the_profile(cls_artifact, tmp_path, caplog):
+    _, out, _ = cls_artifact
+    feeds = tmp_path / "big.npz"
+    np.savez(feeds, x=np.zeros((32, 3, 48, 192), np.float32))  # batch 32 > the profile's max 16
+    with caplog.at_level("WARNING"):
+        run_artifact(out, inputs=str(feeds), runs=1, warmup=0)
+    assert "outside the engine's optimization profile (min [1, 3, 48, 192], max [16, 3, 48, 320])" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        run_artifact(out, runs=1, warmup=0)
+    assert "optimization profile" not in caplog.text
