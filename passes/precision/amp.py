@@ -157,7 +157,8 @@ class MixedPrecision(Pass):
         graph = model.graph
         nodes = list(graph)
         pos = {n: i for i, n in enumerate(nodes)}
-        why: Dict[int, str] = {pos[n]: r for n, r in rule_fp32_nodes(graph, low, o.long_reduction).items()}
+        why: Dict[int, str] = {pos[n]: r for n, r in rule_fp32_nodes(graph, low, o.long_reduction,
+                                                                         model.opset).items()}
         compute = [i for i, n in enumerate(nodes)
                    if has_float32(n) and convertible(n) and not is_exact(n) and i not in why]
         stats: Dict[str, Any] = {"dtype": o.dtype, "target": support, "budget": o.budget,

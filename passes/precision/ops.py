@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import functools
+from typing import FrozenSet, Optional, Tuple
+
+import onnx.defs
 
 from passctl.ir import DataType, Node
 
@@ -10,7 +13,8 @@ ALL = None
 """Marker: every input follows the op's float type ``T``."""
 
 # op_type -> input indices whose element type is the op's float type T (ONNX operator schemas, opset
-# 13-21); ALL means every input. Outputs of these ops that are float32 follow T too. An op missing
+# 13-21); ALL means every input. Whether T admits fp16 / bf16 at the model's opset is the schema's
+# word (schema_refusal: Conv has bfloat16 only from Conv-22, MaxPool from MaxPool-22, ...). Outputs of these ops that are float32 follow T too. An op missing
 # here has no low-precision form in passctl (it stays float32): ops whose output type comes from an
 # attribute (Cast, ConstantOfShape, RandomNormal, EyeLike), ops with subgraphs, custom domains.
 COMPUTE_OPS = {
@@ -125,3 +129,85 @@ def convertible(node: Node) -> bool:
     if not typed or any(v.dtype != DataType.FLOAT for v in typed):
         return False
     return all(node.outputs[i].dtype == DataType.FLOAT for i in typed_outputs(node))
+
+
+_TYPE_STR = {DataType.FLOAT16: "tensor(float16)", DataType.BFLOAT16: "tensor(bfloat16)"}
+
+
+def _allowed(schema: onnx.defs.OpSchema, formal: onnx.defs.OpSchema.FormalParameter) -> FrozenSet[str]:
+    """Type strings a formal input/output of ``schema`` admits (its constraint's, or a fixed type)."""
+    for c in schema.type_constraints:
+        if c.type_param_str == formal.type_str:
+            return frozenset(c.allowed_type_strs)
+    return frozenset({formal.type_str})
+
+
+def _formal(params, index: int):
+    """The formal parameter of actual position ``index`` (a variadic last one repeats), or None."""
+    if index < len(params):
+        return params[index]
+    last = params[-1] if params else None
+    variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+    return last if last is not None and last.option == variadic else None
+
+
+def _schema_admits(op_type: str, version: int, type_str: str, ins: Tuple[int, ...],
+                   outs: Tuple[int, ...]) -> Optional[onnx.defs.OpSchema]:
+    """The ONNX schema of ``op_type`` at default-domain opset ``version`` when every input in ``ins``
+    and output in ``outs`` admits ``type_str``, else None (also None when no schema exists)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, version, "")
+    except onnx.defs.SchemaError:
+        return None
+    for params, slots in ((schema.inputs, ins), (schema.outputs, outs)):
+        for i in slots:
+            formal = _formal(params, i)
+            if formal is not None and type_str not in _allowed(schema, formal):
+                return None
+    return schema
+
+
+@functools.lru_cache(maxsize=None)
+def _refusal(op_type: str, opset: int, low: int, ins: Tuple[int, ...],
+             outs: Tuple[int, ...]) -> Optional[str]:
+    type_str = _TYPE_STR[DataType(low)]
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None  # no ONNX schema (ONNX Runtime registers it in the default domain): as before
+    if _schema_admits(op_type, opset, type_str, ins, outs) is not None:
+        return None
+    name = type_str[len("tensor("):-1]
+    later = next((v for v in range(opset + 1, onnx.defs.onnx_opset_version() + 1)
+                  if _schema_admits(op_type, v, type_str, ins, outs) is not None), None)
+    when = (f"from opset {later}" if later is not None
+            else f"in no opset up to {onnx.defs.onnx_opset_version()}")
+    return f"{op_type}-{schema.since_version} has no {name} ({when})"
+
+
+def schema_refusal(node: Node, opset: int, low: DataType) -> Optional[str]:
+    """Why ``node`` cannot run in ``low`` at default-domain ``opset`` per its ONNX operator schema, or
+    None when it can.
+
+    The inputs :func:`typed_inputs` names and the outputs :func:`typed_outputs` names (the values
+    ``amp`` retypes) must each admit ``tensor(float16)`` / ``tensor(bfloat16)`` in the type
+    constraint of their formal parameter in ``onnx.defs.get_schema(op_type, opset, "")`` (e.g. Conv-11
+    admits float16 but not bfloat16; Conv-22 adds bfloat16). Nodes of other domains (ONNX Runtime's
+    com.microsoft contrib ops, whose schemas come from onnxruntime) and default-domain ops without an
+    ONNX schema (ONNX Runtime's own SimplifiedLayerNormalization) are not judged here: None.
+
+    Args:
+        node: A node of the main graph, element types known.
+        opset: The model's default-domain opset version (``Model.opset``).
+        low: DataType.FLOAT16 or DataType.BFLOAT16.
+
+    Returns:
+        None, or a one-line reason such as ``"Conv-11 has no bfloat16 (from opset 22)"``.
+    """
+    if node.domain not in _STANDARD:
+        return None
+    ins = typed_inputs(node)
+    if ins is None:
+        return None
+    ins = tuple(i for i in ins if i < len(node.inputs) and node.inputs[i] is not None)
+    return _refusal(node.op_type, int(opset), int(low), ins, typed_outputs(node))

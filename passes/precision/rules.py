@@ -10,7 +10,7 @@ import numpy as np
 
 from passctl.ir import DataType, Graph, Node, Value, implicit_inputs
 from passctl.passes.common.constants import constant_array
-from passctl.passes.precision.ops import ADDING_REDUCTIONS, convertible, typed_inputs
+from passctl.passes.precision.ops import ADDING_REDUCTIONS, convertible, schema_refusal, typed_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,8 @@ def _reduced_count(node: Node) -> Optional[int]:
     return count
 
 
-def rule_fp32_nodes(graph: Graph, low: DataType, long_reduction: int = 4096) -> Dict[Node, str]:
+def rule_fp32_nodes(graph: Graph, low: DataType, long_reduction: int = 4096,
+                    opset: Optional[int] = None) -> Dict[Node, str]:
     """Nodes of ``graph`` that stay float32 by rule, with the reason (a rule name and detail).
 
     Rules (each a known fp16/bf16 hazard):
@@ -173,7 +174,9 @@ def rule_fp32_nodes(graph: Graph, low: DataType, long_reduction: int = 4096) -> 
          in Softmax). Kept float32 rather than rewritten to ``low``'s finite min, because
          ``finite_min + x`` still overflows to -inf in fp16 for any x < -16 and the mask ops are cheap.
       6. ``no-low-precision-form``: an op with float32 values but no low-precision form here (Cast,
-         ConstantOfShape, Range, custom domains, ops with subgraphs, ops already in another type).
+         ConstantOfShape, Range, custom domains, ops with subgraphs, ops already in another type), or
+         whose ONNX schema at ``opset`` does not admit ``low`` for the values amp retypes
+         (``ops.schema_refusal``: "Conv-11 has no bfloat16 (from opset 22)").
       7. ``read-by-subgraph``: the producer of a float32 value that an If/Loop/Scan body reads from the
          outer scope (the body's types are not rewritten, so the value must stay float32).
 
@@ -181,6 +184,7 @@ def rule_fp32_nodes(graph: Graph, low: DataType, long_reduction: int = 4096) -> 
         graph: The main graph, with element types known (run infer-shapes first).
         low: DataType.FLOAT16 or DataType.BFLOAT16.
         long_reduction: Smallest reduced element count that counts as long.
+        opset: The model's default-domain opset (``Model.opset``); None skips the schema check.
 
     Returns:
         ``{node: reason}`` for every float32 node that must stay float32.
@@ -197,6 +201,10 @@ def rule_fp32_nodes(graph: Graph, low: DataType, long_reduction: int = 4096) -> 
             unknown = any(v is not None and v.dtype is None for v in (*node.inputs, *node.outputs))
             keep(node, f"{NO_LOW_FORM} ({node.op_type}" + (": element types unknown, run "
                                                            "infer-shapes first)" if unknown else ")"))
+            continue
+        refusal = schema_refusal(node, opset, low) if opset else None
+        if refusal is not None:
+            keep(node, f"{NO_LOW_FORM}: {refusal}")
             continue
         for i in typed_inputs(node) or ():
             absmax = constant_overflows(node.inputs[i] if i < len(node.inputs) else None, low)
