@@ -33,7 +33,8 @@ _PROTOBUF_LIMIT = 2**31 - 1
 ModelLike = Union[str, "os.PathLike[str]", bytes, onnx.ModelProto]
 
 
-def cpu_session(model: Union[str, bytes], optimize: bool = False, threads: Optional[int] = None,
+def cpu_session(model: Union[str, bytes], optimize: Union[bool, str] = False,
+                threads: Optional[int] = None,
                 sequential: bool = False, profile_prefix: Optional[str] = None,
                 external_initializers: Optional[Mapping[str, Any]] = None):
     """An ``onnxruntime.InferenceSession`` on the CPU execution provider, the one place passctl's
@@ -41,7 +42,9 @@ def cpu_session(model: Union[str, bytes], optimize: bool = False, threads: Optio
 
     Args:
         model: path of an ``.onnx`` file or serialized model bytes.
-        optimize: ``ORT_ENABLE_ALL`` when true, else ``ORT_DISABLE_ALL``.
+        optimize: ``ORT_ENABLE_ALL`` when true, else ``ORT_DISABLE_ALL``; or an
+            ``onnxruntime.GraphOptimizationLevel`` name such as ``"ORT_ENABLE_EXTENDED"`` (an
+            artifact's ``session.json`` ``graph_optimization_level``).
         threads: ``intra_op_num_threads`` (``None``: ONNX Runtime's default).
         sequential: one inter-op thread and ``ORT_SEQUENTIAL`` execution (for latency benchmarks).
         profile_prefix: turn on ONNX Runtime's profiler, writing ``<prefix>_<date>.json``.
@@ -56,8 +59,11 @@ def cpu_session(model: Union[str, bytes], optimize: bool = False, threads: Optio
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    if isinstance(optimize, str):
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, optimize)
+    else:
+        options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                            else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     options.log_severity_level = 4  # fatal only: a failed run raises with the same message
     if threads is not None:
         options.intra_op_num_threads = threads
@@ -73,7 +79,8 @@ def cpu_session(model: Union[str, bytes], optimize: bool = False, threads: Optio
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-def run_onnxruntime(model: ModelLike, inputs: Mapping[str, np.ndarray], optimize: bool = False,
+def run_onnxruntime(model: ModelLike, inputs: Mapping[str, np.ndarray],
+                    optimize: Union[bool, str] = False,
                     threads: Optional[int] = None) -> Dict[str, Any]:
     """Run ``model`` once on ONNX Runtime's CPU execution provider.
 
@@ -85,7 +92,8 @@ def run_onnxruntime(model: ModelLike, inputs: Mapping[str, np.ndarray], optimize
             found), serialized bytes, or an ``onnx.ModelProto`` (serialized here; must be under 2 GB
             with its weights in memory).
         inputs: ``{input name: array}``; every graph input must be present, no other names.
-        optimize: ``True`` uses ``ORT_ENABLE_ALL`` instead of ``ORT_DISABLE_ALL``.
+        optimize: ``True`` uses ``ORT_ENABLE_ALL`` instead of ``ORT_DISABLE_ALL``; a string names
+            the ``onnxruntime.GraphOptimizationLevel`` (as :func:`cpu_session`).
         threads: ``intra_op_num_threads`` (``None``: ONNX Runtime's default).
 
     Returns:

@@ -1,0 +1,105 @@
+"""quantize's error and --check measure the artifact as it ships (session.json's ORT_ENABLE_ALL)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from ocr_images import det_input, write_feeds
+from passctl.tools.cli import main
+
+_MODELS = os.path.join(os.path.dirname(importlib.util.find_spec("rapidocr_onnxruntime").origin),
+                       "models")
+DET = os.path.join(_MODELS, "ch_PP-OCRv4_det_infer.onnx")
+
+
+def _session(path, level):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _mean_rel(reference, candidate, feeds) -> float:
+    """Worst sum |r - c| / sum |r| over outputs and feeds (numpy, float64)."""
+    worst = 0.0
+    for feed in feeds:
+        for r, c in zip(reference.run(None, feed), candidate.run(None, feed)):
+            r, c = r.astype(np.float64), c.astype(np.float64)
+            worst = max(worst, float(np.abs(r - c).sum() / np.abs(r).sum()))
+    return worst
+
+
+def test_ppocr_det_cpu_error_and_check_are_the_shipped_sessions(tmp_path, capsys):
+    feeds = [det_input(128, 128, seed) for seed in range(3)]
+    calib = write_feeds(tmp_path / "calib", feeds)
+    check = det_input(128, 128, seed=7)  # not a calibration image
+    np.savez(tmp_path / "check.npz", **check)
+    out = tmp_path / "out"
+    rc = main([DET, "--pipeline", f"quantize{{calib={calib},metric=mean-rel,budget=3e-2}}",
+               "--target", "cpu", "--check", "--inputs", str(tmp_path / "check.npz"),
+               "-o", str(out), "-q"])
+    assert rc == 0, capsys.readouterr()
+    report = json.loads((out / "report.json").read_text())
+    stats = next(p["stats"] for p in report["passes"] if p["name"] == "quantize-int8")
+    assert json.loads((out / "session.json").read_text())["graph_optimization_level"] == \
+        "ORT_ENABLE_ALL"
+    level = ort.GraphOptimizationLevel
+    original = _session(DET, level.ORT_DISABLE_ALL)
+    shipped = _session(out / "model.onnx", level.ORT_ENABLE_ALL)
+    unfused = _session(out / "model.onnx", level.ORT_DISABLE_ALL)
+    as_shipped = _mean_rel(original, shipped, feeds)
+    as_written = _mean_rel(original, unfused, feeds)
+    # the QLinearConv kernels' fixed-point requantization changes the error measurably
+    assert abs(as_shipped - as_written) > 0.05 * as_shipped
+    assert stats["measured_with"] == "ORT_ENABLE_ALL"
+    assert stats["error"] == pytest.approx(as_shipped, rel=1e-3)  # 4 significant digits
+    assert stats["error"] <= stats["budget"] and stats["within_budget"]
+    entry = report["check"]
+    assert entry["optimization"] == "ORT_ENABLE_ALL" and entry["metric"] == "mean-rel"
+    assert entry["metric_error"] == pytest.approx(_mean_rel(original, shipped, [check]), rel=1e-6)
+    assert entry["metric_error"] != pytest.approx(_mean_rel(original, unfused, [check]), rel=1e-3)
+
+
+def _conv_model(path) -> str:
+    """x [1, 8, 16, 16] -> Conv(16, 3x3) -> Relu -> Conv(8, 3x3) -> y."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (16, 8, 3, 3)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (8, 16, 3, 3)).astype(np.float32), "W2")]
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "W2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("target,emit,level", [
+    ("cpu", "onnxruntime", "ORT_ENABLE_ALL"), ("a10", "tensorrt", "ORT_DISABLE_ALL")])
+def test_check_runs_onnxruntime_artifacts_as_session_json_and_tensorrt_as_written(
+        tmp_path, capsys, target, emit, level):
+    model = _conv_model(tmp_path / "convs.onnx")
+    out = tmp_path / "out"
+    rc = main([model, "--pipeline", "quantize{metric=mean-rel,budget=0.5}", "--target", target,
+               "--emit", emit, "--check", "--seed", "3", "-o", str(out), "-q"])
+    assert rc == 0, capsys.readouterr()
+    report = json.loads((out / "report.json").read_text())
+    stats = next(p["stats"] for p in report["passes"] if p["name"] == "quantize-int8")
+    assert stats["measured_with"] == level and stats["quantized_layers"] == 2
+    entry = report["check"]
+    assert entry["optimization"] == level
+    from passctl.tools.inputs import make_inputs
+
+    feed = make_inputs(model, seed=3)
+    original = _session(model, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    candidate = _session(out / "model.onnx", getattr(ort.GraphOptimizationLevel, level))
+    assert entry["metric_error"] == pytest.approx(_mean_rel(original, candidate, [feed]), rel=1e-9)
