@@ -31,41 +31,73 @@ _IN_MEMORY = "passctl-in-memory-initializer"
 Feeds = List[Dict[str, np.ndarray]]
 
 
+MAX_SAMPLES = 1024
+"""Most seeded random calibration feeds (``samples``); more real data goes in ``calib``."""
+
+
 def calibration_inputs(model: Model, calib: str = "", samples: int = 2, seed: int = 0,
-                       dims: Optional[Mapping[str, int]] = None) -> Feeds:
+                       dims: Optional[Mapping[str, int]] = None, owner: str = "amp") -> Feeds:
     """The calibration feeds: every ``*.npz`` of folder ``calib`` (one run each, arrays by input
-    name), or ``samples`` seeded random feeds from :func:`passctl.tools.inputs.make_inputs` (its
-    declared ranges: ids in [0, 1000), masks all ones, floats in [-1, 1)), seeds ``seed, seed+1, ...``.
+    name, read by :func:`passctl.tools.compile.load_input_file`), or ``samples`` seeded random
+    feeds from :func:`passctl.tools.inputs.make_inputs` (its declared ranges: ids in [0, 1000),
+    masks all ones, floats in [-1, 1)), seeds ``seed, seed+1, ...``. ``owner`` (the pass name)
+    starts the error messages.
 
     Raises:
-        UserError: ``calib`` does not exist, is not a folder, holds no .npz files, or a file lacks
-            a graph input.
+        UserError: ``calib`` does not exist, is not a folder, holds no .npz files, a file is not a
+            readable .npz of numeric arrays (not a zip, Python objects, a folder named ``*.npz``),
+            lacks a graph input or holds NaN or inf in one; a ``dims`` key names no unknown input
+            dimension (``lower_tvm.check_dims``); ``samples`` is above :data:`MAX_SAMPLES`.
     """
+    from passctl.passes.fusion.lower_tvm import check_dims
+
     names = [v.name for v in model.graph.inputs if not v.is_initializer()]
+    if dims:
+        text = ",".join(f"{k}={v}" for k, v in dims.items())
+        check_dims(model, dict(dims), owner=f'{owner}{{dims="{text}"}}')
     if calib:
         if not os.path.exists(calib):
-            raise UserError(f"amp: calib={calib}: no such folder; give a folder of .npz files, each "
-                            f"with the arrays {names}")
+            raise UserError(f"{owner}: calib={calib}: no such folder; give a folder of .npz files, "
+                            f"each with the arrays {names}")
         if not os.path.isdir(calib):
-            raise UserError(f"amp: calib={calib} is a file, not a folder; give a folder of .npz "
+            raise UserError(f"{owner}: calib={calib} is a file, not a folder; give a folder of .npz "
                             f"files, each with the arrays {names}")
         files = sorted(glob.glob(os.path.join(calib, "*.npz")))
         if not files:
-            raise UserError(f"amp: calib={calib} holds no .npz files; give a folder of .npz files, "
-                            f"each with the arrays {names}")
-        feeds = []
-        for path in files:
-            with np.load(path) as data:
-                missing = [n for n in names if n not in data.files]
-                if missing:
-                    raise UserError(f"amp: calibration file {path} lacks inputs {missing}; it has "
-                                    f"{data.files}")
-                feeds.append({n: data[n] for n in names})
-        return feeds
+            raise UserError(f"{owner}: calib={calib} holds no .npz files; give a folder of .npz "
+                            f"files, each with the arrays {names}")
+        return [_calibration_file(path, names, owner) for path in files]
+    if samples > MAX_SAMPLES:
+        raise UserError(f"{owner}: samples={samples} is above {MAX_SAMPLES} random calibration "
+                        f"feeds (each held in memory); give calib= with real data instead")
     from passctl.tools.inputs import make_inputs
 
     header = to_onnx(_interface_only(model))
     return [make_inputs(header, seed=seed + k, dim_values=dims) for k in range(max(1, samples))]
+
+
+def _calibration_file(path: str, names: Sequence[str], owner: str) -> Dict[str, np.ndarray]:
+    """The graph inputs ``names`` from calibration file ``path`` (one line UserErrors naming it)."""
+    from passctl.tools.compile import load_input_file
+
+    try:
+        data = load_input_file(path)
+    except UserError as e:  # worded for --inputs: name the calibration file instead
+        text = str(e)
+        prefix = f"--inputs '{path}'"
+        text = text[len(prefix):] if text.startswith(prefix) else f": {text}"
+        raise UserError(f"{owner}: calibration file {path}{text}") from e
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise UserError(f"{owner}: calibration file {path} lacks inputs {missing}; it has "
+                        f"{list(data)}")
+    for n in names:
+        a = data[n]
+        if a.dtype.kind in "fc" and not np.isfinite(a).all():
+            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            raise UserError(f"{owner}: calibration file {path}: array '{n}' holds {bad} NaN or "
+                            f"inf values of {a.size}; calibration needs finite real inputs")
+    return {n: data[n] for n in names}
 
 
 def random_feeds_note(model: Model, calib: str = "", dims: Optional[Mapping[str, int]] = None) -> str:

@@ -268,7 +268,9 @@ class QuantizeInt8(Pass):
         ranking = sorted(layers, key=lambda l: (-own[l.position], l.position))
         result = search_fp32_set(ranking, lambda k: error_of(ranking[k:]), o.budget,
                                  {0: all_int8})
-        stats.update(error=_round(result.error), within_budget=result.within_budget)
+        # a NaN error (e.g. NaN outputs) never meets the budget
+        stats.update(error=_round(result.error),
+                     within_budget=result.within_budget and not math.isnan(result.error))
         stats["search"] = {"seconds": round(time.perf_counter() - start, 3),
                            "sensitivity": "output" if alone else "local",
                            "measure_seconds": round(sens.seconds, 3),
@@ -287,11 +289,13 @@ class QuantizeInt8(Pass):
     def _feeds(self, model: Model):
         o = self.options
         try:
-            return calibration_inputs(model, o.calib, o.samples, o.seed, parse_dims(o.dims))
-        except UserError as e:  # amp's helpers word their errors for amp
+            return calibration_inputs(model, o.calib, o.samples, o.seed, parse_dims(o.dims),
+                                      owner=self.name)
+        except UserError as e:  # amp's parse_dims words its errors for amp
             text = str(e)
-            text = text[len("amp: "):] if text.startswith("amp: ") else text
-            raise UserError(f"quantize-int8: {text}") from e
+            if not text.startswith("amp: "):
+                raise
+            raise UserError(f"quantize-int8: {text[len('amp: '):]}") from e
 
 
 def _round(x: float) -> Any:

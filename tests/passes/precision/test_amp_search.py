@@ -151,3 +151,28 @@ def test_all_fp32_warning_names_random_feed_sizes_and_remedies(caplog):
     # make_inputs' default for a 'len'-like dimension name is 16 (tools/inputs.py DEFAULT_SEQUENCE)
     assert "seeded random data (no calib=) at default sizes length=16:" in text
     assert "calib=DIR" in text and 'dims="length=SIZE"' in text and "\n" not in text
+
+
+def test_calibration_files_and_dims_are_checked(tmp_path):
+    # NaN data, a non-zip file, an object array: one-line UserErrors naming the file (not rc 3)
+    from passctl.passes.precision.amp import parse_dims
+
+    model = from_onnx(cancellation_model())
+    x = np.ones(64, np.float32)
+    x[3] = np.nan
+    np.savez(tmp_path / "a.npz", x=x)
+    with pytest.raises(UserError, match=rf"^amp: calibration file {tmp_path}/a.npz: array 'x' "
+                                        r"holds 1 NaN or inf values of 64; "):
+        calibration_inputs(model, str(tmp_path))
+    (tmp_path / "a.npz").write_text("text")
+    with pytest.raises(UserError, match=rf"^amp: calibration file {tmp_path}/a.npz: not an .npz "):
+        calibration_inputs(model, str(tmp_path))
+    np.savez(tmp_path / "a.npz", x=np.array([None], dtype=object))
+    with pytest.raises(UserError, match=r"array 'x' holds Python objects"):
+        calibration_inputs(model, str(tmp_path))
+    with pytest.raises(UserError, match=r"^amp: dims entry 'n=0': a size must be at least 1"):
+        parse_dims("n=0")
+    with pytest.raises(UserError, match=r"^amp\{dims=\"Q=2\"\}: dims name 'Q' matches no dim"):
+        calibration_inputs(model, dims={"Q": 2})
+    with pytest.raises(UserError, match=r"^amp: samples=2000 is above 1024"):
+        calibration_inputs(model, samples=2000)

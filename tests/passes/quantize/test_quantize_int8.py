@@ -249,6 +249,57 @@ def test_exclude_by_source_name_after_fuse_and_opset_raise():
     assert conv.inputs[1].producer is None  # its weight is still the float32 initializer
 
 
+def _bad_calibration_folder(tmp_path, kind: str) -> str:
+    """A calib folder whose one file is broken as ``kind`` says."""
+    folder = tmp_path / kind
+    folder.mkdir()
+    x = np.ones((1, 3, 8, 8), np.float32)
+    if kind == "nan":
+        x[0, 1] = np.nan
+        np.savez(folder / "a.npz", x=x)
+    elif kind == "inf":
+        x[0, 0, 0, 0] = -np.inf
+        np.savez(folder / "a.npz", x=x)
+    elif kind == "text":
+        (folder / "a.npz").write_text("not a zip")
+    elif kind == "object":
+        np.savez(folder / "a.npz", x=np.array([{"a": 1}], dtype=object))
+    elif kind == "folder":
+        (folder / "a.npz").mkdir()
+    return str(folder)
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("nan", "array 'x' holds 64 NaN or inf values of 192; calibration needs finite"),
+    ("inf", "array 'x' holds 1 NaN or inf values of 192"),
+    ("text", "not an .npz archive (not a zip file)"),
+    ("object", "array 'x' holds Python objects (dtype object)"),
+    ("folder", "cannot read it"),
+])
+def test_bad_calibration_files_are_one_line_user_errors(tmp_path, kind, message):
+    # before: NaN calibration gave error 0.0 within budget with every scale 1e-12; an unreadable
+    # file was an internal error (rc 3) from np.load
+    folder = _bad_calibration_folder(tmp_path, kind)
+    with pytest.raises(UserError) as info:
+        _quantize(_small_model(), f"calib={folder}")
+    text = str(info.value)
+    assert text.startswith(f"quantize-int8: calibration file {folder}/a.npz")
+    assert message in text and "\n" not in text
+
+
+@pytest.mark.parametrize("options,message", [
+    ("dims='x[2]=0'", "quantize-int8: dims entry 'x[2]=0': a size must be at least 1"),
+    ("dims=Q=2", 'quantize-int8{dims="Q=2"}: dims name \'Q\' matches no dim of the model\'s '
+                 "inputs (symbolic dim names: none; unknown axes, as INPUT[AXIS]: x[0], x[2], x[3])"),
+    ("samples=100000000", "quantize-int8: samples=100000000 is above 1024 random calibration "
+                          "feeds (each held in memory); give calib= with real data"),
+])
+def test_bad_random_feed_options_are_one_line_user_errors(options, message):
+    with pytest.raises(UserError) as info:
+        _quantize(_dynamic_model(), options)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
 def test_unknown_calibration_is_a_pipeline_error():
     with pytest.raises(PipelineSyntaxError, match="expects one of minmax, percentile"):
         build_pipeline("quantize{calibration=entropy}")
