@@ -195,7 +195,7 @@ class TensorRTEmitter(Emitter):
             logger.warning("%s", line)
         profile = optimization_profile(model, self.ranges)
         path, nbytes, external = write_onnx(model, folder, self.external_data_threshold)
-        load = load_check(path)
+        load = load_check(path, gpu=True)
         manifest: Dict[str, Any] = {
             "schema": MANIFEST_SCHEMA,
             "model": MODEL_FILE,

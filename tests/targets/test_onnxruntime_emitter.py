@@ -138,3 +138,29 @@ def test_model_that_does_not_load_is_an_emit_error(tmp_path):
         OnnxRuntimeEmitter().emit(from_onnx(proto), get_target("cpu"), str(tmp_path / "bad"))
     assert not (tmp_path / "bad").exists()
     assert os.listdir(tmp_path) == []
+
+
+def test_bf16_gpu_artifact_without_a_cpu_kernel_is_validated_by_the_checker(tmp_path):
+    """ONNX Runtime's CPU provider has no bfloat16 MatMul; a GPU artifact of an amp{dtype=bf16}
+    graph is valid ONNX (CUDA / TensorRT run it), so the load check falls back to onnx.checker."""
+    import onnx
+
+    from passctl.passes.manager import PassManager
+    from passctl.passes.pipeline_text import build_pipeline
+    from passctl.targets.onnxruntime.emit import load_check
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], [w])
+    model = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    PassManager(build_pipeline("amp{dtype=bf16,measure=false}", "a100")).run(model)
+    info = OnnxRuntimeEmitter().emit(model, get_target("a100"), str(tmp_path / "a100"))
+    assert info["load_check"]["provider"] is None and "onnx.checker" in info["load_check"]["note"]
+    proto = onnx.load(str(tmp_path / "a100" / "model.onnx"))
+    assert any(i.data_type == TensorProto.BFLOAT16 for i in proto.graph.initializer)
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED"):  # what the fallback is for
+        ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(EmitError, match="ONNX Runtime cannot load the emitted model"):
+        load_check(str(tmp_path / "a100" / "model.onnx"))  # a cpu artifact must run on the CPU
