@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -41,6 +41,27 @@ class QuantLayer:
     axis: int
 
 
+class Skipped(NamedTuple):
+    """A node of a quantizable op that :func:`find_layers` leaves as it is.
+
+    Attributes:
+        op: its op type.
+        precision: what it computes in: ``int8`` (already quantized: its weight is read through
+            DequantizeLinear), else its data input's type (``fp32``, ``fp16``, ``bf16``, ``i32``...).
+        why: why it is not quantized.
+    """
+
+    op: str
+    precision: str
+    why: str
+
+
+def _precision(data: Optional[Value]) -> str:
+    if data is None or data.dtype is None or data.dtype == DataType.FLOAT:
+        return "fp32"
+    return "fp16" if data.dtype == DataType.FLOAT16 else data.dtype.short_name
+
+
 def constant_array(value: Optional[Value]) -> Optional[np.ndarray]:
     """The data of an initializer or of a ``Constant`` node's output, else None (PP-OCR exports keep
     their weights in Constant nodes)."""
@@ -73,7 +94,7 @@ def quantizable_nodes(graph: Graph) -> List[Tuple[str, Node]]:
 
 
 def find_layers(graph: Graph, exclude: Sequence[str] = ()
-                ) -> Tuple[List[QuantLayer], Dict[str, str]]:
+                ) -> Tuple[List[QuantLayer], Dict[str, Skipped]]:
     """The quantizable nodes of ``graph`` (main graph only) and why the other candidates are not.
 
     A node qualifies when its op is in :data:`QUANTIZABLE`, its data input is a non-constant
@@ -81,36 +102,46 @@ def find_layers(graph: Graph, exclude: Sequence[str] = ()
     2 (MatMul, Gemm) or 3-5 (Conv). ``exclude`` names nodes (name or a provenance name) or op types.
 
     Returns:
-        ``(layers, {node name: why it stays float})`` for nodes of a quantizable op that do not.
+        ``(layers, {node name: Skipped})`` for the nodes of a quantizable op that are not layers
+        (excluded, already int8, not float32, no constant weight).
     """
     wanted = set(exclude)
     layers: List[QuantLayer] = []
-    skipped: Dict[str, str] = {}
+    skipped: Dict[str, Skipped] = {}
     for position, node in enumerate(graph):
         slots = _slots(node)
         if slots is None:
             continue
         source = node.provenance[0] if node.provenance else f"{node.op_type}@{position}"
         name = node.name or source
-        if node.op_type in wanted or name in wanted or wanted.intersection(node.provenance):
-            skipped[name] = "excluded (exclude option)"
-            continue
         data_index, weight_index, axis = slots
         data = node.inputs[data_index] if len(node.inputs) > data_index else None
         w_value = node.inputs[weight_index] if len(node.inputs) > weight_index else None
+        precision = _precision(data)
+
+        def skip(why: str, precision: str = precision) -> None:
+            skipped[name] = Skipped(node.op_type, precision, why)
+
+        if w_value is not None and w_value.producer is not None \
+                and w_value.producer.op_type == "DequantizeLinear":
+            skip("already quantized (its weight is read through DequantizeLinear)", "int8")
+            continue
+        if node.op_type in wanted or name in wanted or wanted.intersection(node.provenance):
+            skip("excluded (exclude option)")
+            continue
         weight = constant_array(w_value)
         if data is None or constant_array(data) is not None:
-            skipped[name] = "its data input is a constant"
+            skip("its data input is a constant")
             continue
         if data.dtype not in (DataType.FLOAT, None):
-            skipped[name] = f"its data input is {data.dtype.short_name}, not float32"
+            skip(f"its data input is {data.dtype.short_name}, not float32")
             continue
         if weight is None:
-            skipped[name] = "its weight is not a constant"
+            skip("its weight is not a constant")
             continue
         rank_ok = weight.ndim == 2 if node.op_type in ("MatMul", "Gemm") else 3 <= weight.ndim <= 5
         if weight.dtype != np.float32 or not rank_ok:
-            skipped[name] = f"weight {weight.dtype} of rank {weight.ndim} is not supported"
+            skip(f"weight {weight.dtype} of rank {weight.ndim} is not supported")
             continue
         layers.append(QuantLayer(position, name, node.op_type, data_index, weight_index,
                                  weight, axis))

@@ -16,7 +16,7 @@ from passctl.passes.precision.amp import parse_dims
 from passctl.passes.precision.sensitivity import (METRICS, calibration_inputs, output_error,
                                                   random_feeds_note, run_model, search_fp32_set)
 from passctl.passes.quantize.calibrate import Sensitivity, calibrate, sensitivity
-from passctl.passes.quantize.layers import (QUANTIZABLE, QuantLayer, find_layers,
+from passctl.passes.quantize.layers import (QUANTIZABLE, QuantLayer, Skipped, find_layers,
                                             quantizable_nodes)
 from passctl.passes.quantize.opset import raise_opset
 from passctl.passes.quantize.qdq import QDQ_MIN_OPSET, WeightCache, apply_qdq
@@ -61,10 +61,10 @@ class QuantizeInt8(Pass):
          ``output_error`` under ``metric``) against the float32 model run as written
          (``ORT_DISABLE_ALL``). The cpu form (uint8 activations or quantized outputs) is measured
          as an ONNX Runtime artifact ships it (``session.json``: ``ORT_ENABLE_ALL``, whose
-         QLinearConv / QLinearMatMul / QGemm kernels requantize in fixed point: a PP-OCRv4 det
-         chosen at mean-rel 0.0275 unfused gave 0.044 as shipped on 128x128 text images);
-         TensorRT's form runs unoptimized (TensorRT parses the graph as written). If the error is
-         over ``budget``, layers are ranked by sensitivity: ``output`` (``auto`` up to 64 layers) is the model-output error with only
+         QLinearConv / QLinearMatMul / QGemm kernels requantize in fixed point; PP-OCRv4 det
+         on 128x128 text images: mean-rel 0.044 there, 0.0275 unfused); TensorRT's form runs unoptimized
+         (TensorRT parses the graph as written). If it is over ``budget``, layers are ranked by
+         sensitivity: ``output`` (``auto`` up to 64 layers) is the model-output error with only
          that layer in int8, one model run per layer; ``local`` is each layer's own int8 error
          measured in one session (``calibrate.sensitivity``; max-rel for ``metric=max-rel``, else
          mean-rel). The most sensitive layers go back to float32 in ranking order: the fewest
@@ -137,6 +137,11 @@ class QuantizeInt8(Pass):
         if not 0 < o.percentile <= 100:
             raise UserError(f"quantize-int8: percentile={o.percentile:g} is outside (0, 100]; "
                             "use e.g. percentile=99.99")
+        default = type(o).__dataclass_fields__["percentile"].default
+        if o.percentile != default and o.calibration != "percentile":
+            raise UserError(f"quantize-int8: percentile={o.percentile:g} applies only to "
+                            f"calibration=percentile (calibration={o.calibration}); add "
+                            "calibration=percentile or drop percentile=")
         if not o.budget > 0 or math.isnan(o.budget):
             raise UserError(f"quantize-int8: budget={o.budget:g} must be a positive error such "
                             "as 2e-2")
@@ -186,6 +191,7 @@ class QuantizeInt8(Pass):
             "outputs_quantized": outputs}
         if o.calibration == "percentile":
             stats["percentile"] = o.percentile
+        original = clone_model(model)  # restored when no layer ends up int8 (tensors shared)
         layers, skipped = find_layers(model.graph, exclude)
         nodes = list(model.graph)
         split = [nodes[l.position] for l in layers if l.op == "FusedConv"]
@@ -193,10 +199,10 @@ class QuantizeInt8(Pass):
             stats["fusedconv_split"] = sum(unfuse_conv(model.graph, n) for n in split)
             layers, skipped = find_layers(model.graph, exclude)
         if not layers:
-            stats.update(quantized_layers=0, float_layers=len(skipped), error=0.0,
-                         layers=[{"name": k, "precision": "fp32", "why": v}
-                                 for k, v in skipped.items()])
-            logger.info("quantize-int8: no layer to quantize")
+            stats.pop("fusedconv_split", None)
+            _restore(model, original)
+            stats.update(quantized_layers=0, error=0.0, **_skipped_stats(skipped))
+            _warn_nothing_to_quantize(skipped)
             return PassResult(False, stats)
         old_opset = raise_opset(model, QDQ_MIN_OPSET)
         if old_opset != model.opset:
@@ -222,9 +228,13 @@ class QuantizeInt8(Pass):
             return output_error(reference, run_model(trial, feeds, optimize=shipped), o.metric)
 
         sens = sensitivity(model, layers, scales, feeds, cache, unsigned, outputs)
-        quantized, alone, why = self._search(model, layers, sens, error_of, stats)
+        quantized, alone, why = self._search(model, layers, sens, error_of, stats, skipped)
+        if not quantized:  # every layer float32: the graph as it came (no opset raise, no split)
+            stats.pop("fusedconv_split", None)
+            stats.pop("opset_raised", None)
+            _restore(model, original)
         added = apply_qdq(model, quantized, scales, cache, unsigned, outputs)
-        entries = [{"name": k, "op": "", "precision": "fp32", "why": v} for k, v in skipped.items()]
+        entries: List[Dict[str, Any]] = []
         for l in sorted(layers, key=lambda l: l.position):
             entry = {"name": l.name, "op": l.op,
                      "precision": "fp32" if l.position in why else "int8",
@@ -236,14 +246,15 @@ class QuantizeInt8(Pass):
                 entry["why"] = why[l.position]
             entries.append(entry)
         saved = sum(l.weight.nbytes - l.weight.size for l in quantized)
-        stats.update(quantized_layers=len(quantized), float_layers=len(entries) - len(quantized),
-                     qdq_nodes=added, weight_bytes_saved=int(saved), layers=entries)
-        logger.info("quantize-int8: %d layers int8, %d float32, %s %s", len(quantized),
+        stats.update(quantized_layers=len(quantized), qdq_nodes=added,
+                     weight_bytes_saved=int(saved), **_skipped_stats(skipped, entries))
+        logger.info("quantize-int8: %d layers int8, %d float, %s %s", len(quantized),
                     stats["float_layers"], o.metric, stats["error"])
-        return PassResult(bool(quantized) or "opset_raised" in stats, stats)
+        return PassResult(bool(quantized), stats)
 
     def _search(self, model: Model, layers: List[QuantLayer], sens: Sensitivity,
-                error_of: Callable[[List[QuantLayer]], float], stats: Dict[str, Any]
+                error_of: Callable[[List[QuantLayer]], float], stats: Dict[str, Any],
+                skipped: Optional[Dict[str, Skipped]] = None
                 ) -> Tuple[List[QuantLayer], Dict[int, float], Dict[int, str]]:
         """Rank the layers and find the fewest most sensitive ones to keep float32 (rule 5).
 
@@ -278,10 +289,13 @@ class QuantizeInt8(Pass):
                            "history": [[k, _round(e)] for k, e in result.history]}
         if result.count == len(ranking):
             note = random_feeds_note(model, o.calib, parse_dims(o.dims))
+            others = list((skipped or {}).values())
+            already = sum(s.precision == "int8" for s in others)
+            done = f"; {already} other layers were already quantized" if already else ""
             logger.warning("quantize-int8: %s %g is met only with every layer in float32 (0 of %d "
-                           "layers int8); %s; or raise the budget", o.metric, o.budget,
-                           len(ranking), note or "check that the calibration feeds (calib=) are "
-                           "representative")
+                           "layers int8%s); %s; or raise the budget", o.metric, o.budget,
+                           len(ranking) + len(others) - already, done,
+                           note or "check that the calibration feeds (calib=) are representative")
         why = {l.position: f"{MEASURED} (rank {r + 1})"
                for r, l in enumerate(ranking[:result.count])}
         return ranking[result.count:], alone, why
@@ -296,6 +310,38 @@ class QuantizeInt8(Pass):
             if not text.startswith("amp: "):
                 raise
             raise UserError(f"quantize-int8: {text[len('amp: '):]}") from e
+
+
+def _skipped_stats(skipped: Dict[str, Skipped], entries: Optional[List[Dict[str, Any]]] = None
+                   ) -> Dict[str, Any]:
+    """``layers`` (the skipped nodes' rows, then ``entries``), ``float_layers`` (rows not int8)
+    and ``already_int8`` (layers quantized before this pass) for the statistics."""
+    rows = [{"name": k, "op": v.op, "precision": v.precision, "why": v.why}
+            for k, v in skipped.items()] + list(entries or [])
+    return {"layers": rows, "float_layers": sum(r["precision"] != "int8" for r in rows),
+            "already_int8": sum(v.precision == "int8" for v in skipped.values())}
+
+
+def _warn_nothing_to_quantize(skipped: Dict[str, Skipped]) -> None:
+    """Warn when no layer is float32 because the model is already low precision or int8."""
+    low = sorted({v.precision for v in skipped.values() if v.precision in ("fp16", "bf16")})
+    if low:
+        kind = "float16" if low == ["fp16"] else " / ".join(low)
+        logger.warning("quantize-int8: no float32 layer to quantize (the model computes in %s, "
+                       "e.g. after amp); put quantize before amp", kind)
+    elif skipped and all(v.precision == "int8" for v in skipped.values()):
+        logger.warning("quantize-int8: all %d layers are already quantized (int8 weights through "
+                       "DequantizeLinear); nothing to do", len(skipped))
+    else:
+        logger.info("quantize-int8: no layer to quantize")
+
+
+def _restore(model: Model, original: Model) -> None:
+    """Put ``original``'s graph, opset imports, IR version and functions back into ``model``."""
+    model.graph = original.graph
+    model.opset_imports = original.opset_imports
+    model.ir_version = original.ir_version
+    model.functions = original.functions
 
 
 def _round(x: float) -> Any:

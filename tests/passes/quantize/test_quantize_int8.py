@@ -103,8 +103,8 @@ def test_weight_scales_and_zero_points_match_numpy():
                                                 ("minmax", "cpu")])
 def test_activation_scales_from_calibration(calibration, target):
     original = _small_model()
-    _, proto, stats = _quantize(original, f"budget=10,calibration={calibration},percentile=90",
-                                target)
+    extra = ",percentile=90" if calibration == "percentile" else ""  # minmax: refused
+    _, proto, stats = _quantize(original, f"budget=10,calibration={calibration}{extra}", target)
     feeds = _feeds()
     x = np.concatenate([np.abs(f["x"]).ravel() for f in feeds])
     q, scale, zero, _ = _dq_of(proto, "conv", 0)
@@ -210,7 +210,8 @@ def test_exclude_by_name_and_op_type(exclude):
 
 
 @pytest.mark.parametrize("options,message", [
-    ("percentile=0", "percentile=0 is outside (0, 100]"),
+    ("calibration=percentile,percentile=0", "percentile=0 is outside (0, 100]"),
+    ("percentile=50", "percentile=50 applies only to calibration=percentile (calibration=minmax)"),
     ("budget=0", "budget=0 must be a positive error"),
     ("samples=0", "samples=0 must be at least 1"),
     ("exclude=convv", "exclude entry 'convv' names no quantizable node"),
@@ -298,6 +299,61 @@ def test_bad_random_feed_options_are_one_line_user_errors(options, message):
     with pytest.raises(UserError) as info:
         _quantize(_dynamic_model(), options)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def _fp16_model() -> onnx.ModelProto:
+    """:func:`_small_model` computing in float16 (what amp writes, without the Casts)."""
+    proto = _small_model()
+    for init in proto.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16),
+                                              init.name))
+    for v in list(proto.graph.input) + list(proto.graph.output):
+        v.type.tensor_type.elem_type = TensorProto.FLOAT16
+    return proto
+
+
+def test_fp16_model_is_left_unchanged_with_a_warning(caplog):
+    proto = _fp16_model()
+    with caplog.at_level("WARNING", logger="passctl.passes.quantize.quantize_int8"):
+        _, out, stats = _quantize(proto, "budget=10")
+    assert [r.getMessage() for r in caplog.records] == [
+        "quantize-int8: no float32 layer to quantize (the model computes in float16, e.g. after "
+        "amp); put quantize before amp"]
+    assert stats["quantized_layers"] == 0 and stats["float_layers"] == 3
+    assert [(l["name"], l["op"], l["precision"]) for l in stats["layers"]] == [
+        ("conv", "Conv", "fp16"), ("matmul", "MatMul", "fp16"), ("gemm", "Gemm", "fp16")]
+    assert [n.op_type for n in out.graph.node] == [n.op_type for n in proto.graph.node]
+
+
+def test_no_int8_layer_leaves_the_graph_unchanged():
+    # opset 11 and a FusedConv: both the opset raise and the split are undone when the budget
+    # keeps every layer float32
+    proto = _small_model()
+    proto.opset_import[0].version = 11
+    model = from_onnx(proto)
+    PassManager(build_pipeline("cleanup,fuse", "cpu")).run(model)
+    before = [(n.op_type, n.name) for n in model.graph]
+    result = PassManager(build_pipeline("quantize{budget=1e-9}", "cpu")).run(model)
+    stats = next(r.stats for r in result.records if r.name == "quantize-int8")
+    assert stats["quantized_layers"] == 0 and stats["float_layers"] == 3
+    assert "opset_raised" not in stats and "fusedconv_split" not in stats
+    assert [(n.op_type, n.name) for n in model.graph] == before and model.opset == 11
+    assert not next(r for r in result.records if r.name == "quantize-int8").modified
+
+
+def test_requantizing_counts_the_layers_already_int8(caplog):
+    model, _, first = _quantize(_small_model(), "budget=10,exclude=gemm")
+    assert first["quantized_layers"] == 2
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="passctl.passes.quantize.quantize_int8"):
+        result = PassManager(build_pipeline("quantize{budget=1e-9}", "cpu")).run(model)
+    stats = next(r.stats for r in result.records if r.name == "quantize-int8")
+    rows = {l["name"]: l["precision"] for l in stats["layers"]}
+    assert rows == {"conv": "int8", "matmul": "int8", "gemm": "fp32"}
+    assert stats["already_int8"] == 2 and stats["float_layers"] == 1
+    assert stats["quantized_layers"] == 0
+    text = next(r.getMessage() for r in caplog.records if "is met only" in r.getMessage())
+    assert "(0 of 1 layers int8; 2 other layers were already quantized)" in text
 
 
 def test_unknown_calibration_is_a_pipeline_error():
