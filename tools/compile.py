@@ -260,28 +260,47 @@ def _check_output_path(out: str, model_path: str) -> None:
 
 
 def _default_rtol(args, flat, console) -> None:
-    """Set ``args.rtol`` and ``args.check_metric`` when ``--rtol`` was not given: the largest
-    ``budget`` of the pipeline's amp (``mixed-precision``) and ``quantize-int8`` passes, under that
-    pass's ``metric`` (``flat``: its passes, fixpoint groups flattened; their outputs are meant to
-    differ that much, measured the way the pass measured them), else
-    :data:`passctl.tools.check.DEFAULT_RTOL` under ``max-rel``. Says so when it uses the budget."""
+    """Set ``args.check_bounds``, ``args.rtol``, ``args.check_metric`` and ``args.rtol_source``.
+
+    ``args.check_bounds`` lists ``(metric, rtol, source)``: with ``--rtol``, ``[("max-rel", rtol,
+    "--rtol")]``; else one bound per metric of the pipeline's amp (``mixed-precision``) and
+    ``quantize-int8`` passes (``flat``: its passes, fixpoint groups flattened), that metric bounded
+    by the pass's ``budget`` whatever its size (the largest budget when several passes share a
+    metric; their outputs are meant to differ that much, measured the way the pass measured them),
+    in pipeline order; without such a pass ``[("max-rel", DEFAULT_RTOL, "default")]``
+    (:data:`passctl.tools.check.DEFAULT_RTOL`). ``rtol``, ``check_metric`` and ``rtol_source`` (the
+    pass's words, ``None`` for ``--rtol`` or the default) describe the first bound. Says so when a
+    budget is used."""
     from passctl.tools.check import DEFAULT_RTOL
 
     args.check_metric, args.rtol_source = "max-rel", None
     if args.rtol is not None:
+        args.check_bounds = [("max-rel", float(args.rtol), "--rtol")]
         return
-    args.rtol = DEFAULT_RTOL
-    source = "amp"
+    bounds: Dict[str, Any] = {}
     for p in flat:
-        if p.name in ("mixed-precision", "quantize-int8") and float(p.options.budget) > args.rtol:
-            args.rtol = float(p.options.budget)
-            args.check_metric = p.options.metric
-            source = "amp" if p.name == "mixed-precision" else "quantize"
-            args.rtol_source = f"{source} pass's"
-    if args.rtol != DEFAULT_RTOL and (args.check or args.check_each) and not args.quiet:
-        console.print(f"note: the check accepts {args.check_metric} error {args.rtol:g}, the {source} "
-                      "pass's budget under its metric (give --rtol for a max-rel bound)",
+        if p.name in ("mixed-precision", "quantize-int8"):
+            metric, budget = p.options.metric, float(p.options.budget)
+            if metric not in bounds or budget > bounds[metric][1]:
+                bounds[metric] = (metric, budget, p.name)
+    args.check_bounds = list(bounds.values()) or [("max-rel", DEFAULT_RTOL, "default")]
+    args.check_metric, args.rtol, source = args.check_bounds[0]
+    if source == "default":
+        return
+    args.rtol_source = f"{_pass_word(source)} pass's"
+    if (args.check or args.check_each) and not args.quiet:
+        said = " and ".join(f"{m} error {r:g} (the {_pass_word(src)} pass's budget)"
+                            for m, r, src in args.check_bounds)
+        if len(args.check_bounds) == 1:
+            said = (f"{args.check_metric} error {args.rtol:g}, the {_pass_word(source)} pass's "
+                    "budget under its metric")
+        console.print(f"note: the check accepts {said} (give --rtol for a max-rel bound)",
                       markup=False, highlight=False)
+
+
+def _pass_word(name: str) -> str:
+    """How messages name a budget pass: ``amp`` or ``quantize``."""
+    return "amp" if name == "mixed-precision" else "quantize"
 
 
 def _calibrate_at(flat, sizes: Dict[str, int], console, quiet: bool) -> None:
@@ -487,9 +506,13 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
 
                 failures = report["check"]["failures"]
                 more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-                bound = (f"--rtol (now {args.rtol:g}) or --atol" if not args.rtol_source else
-                         f"the {args.rtol_source} budget (now {args.check_metric} {args.rtol:g}; "
-                         "calibrate at the sizes you check, or give --rtol)")
+                failed = next((b for b in report["check"]["bounds"] if not b["ok"]),
+                              report["check"]["bounds"][0])
+                bound = (f"--rtol (now {failed['rtol']:g}) or --atol"
+                         if failed["source"] in ("--rtol", "default") else
+                         f"the {_pass_word(failed['source'])} pass's budget (now "
+                         f"{failed['metric']} {failed['rtol']:g}; calibrate at the sizes you "
+                         "check, or give --rtol)")
                 raise CheckFailed(f"numeric check failed: output {failures[0]}{more}; loosen "
                                   f"{bound}, or find the pass "
                                   "responsible with --check-each; the candidate and report.json "
@@ -552,8 +575,10 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     (``ORT_ENABLE_ALL``: what ships, e.g. QLinearConv kernels for a quantized cpu model) and
     ``optimization`` in the entry says so; any other ``model.onnx`` (a TensorRT artifact's, which
     TensorRT parses as written) runs unoptimized. An output passes when
-    ``OutputDiff.ok(rtol, atol, metric)``
-    (``args.check_metric``: max-rel, or the budget's metric when the rtol is a pass's budget). A TVM
+    ``OutputDiff.ok(rtol, atol, metric)`` for every bound of ``args.check_bounds`` (set by
+    :func:`_default_rtol`: ``--rtol`` under max-rel, or each budget pass's metric under its
+    budget); ``bounds`` in the entry gives each bound's ``metric``, ``rtol``, ``source``, worst
+    ``error`` and ``ok``, and ``metric``, ``rtol``, ``metric_error`` repeat the first. A TVM
     artifact's folder (``candidate``'s folder holds its manifest) runs in ``tvm.runtime`` on inputs
     of the static shapes in its manifest; without ``dims``, a TensorRT artifact's inputs take its
     optimization profile's OPT sizes.
@@ -602,14 +627,23 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     got = (load_artifact(folder).run(inputs) if tvm else
            run_onnxruntime(candidate, inputs, optimize=level or False))
     result = compare(want, got)
-    metric = getattr(args, "check_metric", "max-rel")
-    entry = result.to_dict(args.rtol, metric)
-    for diff, item in zip(result.outputs.values(), entry["outputs"]):
-        item["ok"] = diff.ok(args.rtol, args.atol, metric)
-    failures = result.failures(args.rtol, args.atol, metric)
+    bounds = getattr(args, "check_bounds", None) or [
+        (getattr(args, "check_metric", "max-rel"), args.rtol, "--rtol")]
+    entry = result.to_dict(bounds[0][1], bounds[0][0])
     finite = [o for o in result.outputs.values() if o.problem is None]
+
+    def passes(diff, atol: float) -> bool:
+        return all(diff.ok(r, atol, m) for m, r, _ in bounds)
+
+    for diff, item in zip(result.outputs.values(), entry["outputs"]):
+        item["ok"] = passes(diff, args.atol)
+    failures: List[str] = []
+    for m, r, _ in bounds:
+        failures += [f for f in result.failures(r, args.atol, m) if f not in failures]
+    checked = [{"metric": m, "rtol": r, "source": src, "ok": result.ok(r, args.atol, m),
+                "error": max((o.error(m) for o in finite), default=0.0)} for m, r, src in bounds]
     entry.update(
-        ok=result.ok(args.rtol, args.atol, metric), atol=args.atol, seed=args.seed,
+        ok=all(b["ok"] for b in checked), bounds=checked, atol=args.atol, seed=args.seed,
         optimization=level or ("tvm" if tvm else "ORT_DISABLE_ALL"), dims=plan.dims,
         dims_source=sources, overridden=sorted(overrides),
         inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)}
@@ -618,8 +652,8 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
         max_rel=result.max_rel if result.max_rel != float("inf") else "inf",
         failures=failures, warnings=warnings,
         passed_on_atol=[d.name for d in result.outputs.values()
-                        if d.ok(args.rtol, args.atol, metric) and not d.ok(args.rtol, 0.0, metric)],
-        metric_error=max((o.error(metric) for o in finite), default=0.0))
+                        if passes(d, args.atol) and not passes(d, 0.0)],
+        metric_error=checked[0]["error"])
     return entry
 
 

@@ -129,12 +129,16 @@ def print_summary(console, report: Dict[str, Any]) -> None:
         if on_atol and check["ok"]:
             note += (f"; passed on atol: max abs error <= {check['atol']:g} though max rel error > "
                      f"rtol {check['rtol']:g} ({', '.join(on_atol)})")
-        metric = check.get("metric") or "max-rel"
-        bound = (f", {metric} error {_fmt_err(check['metric_error'])} (bound {check['rtol']:g})"
-                 if metric != "max-rel" and "metric_error" in check else "")
+        bounds = check.get("bounds") or [{"metric": check.get("metric") or "max-rel",
+                                           "rtol": check["rtol"],
+                                           "error": check.get("metric_error")}]
+        rel_bound = "".join(f" (bound {b['rtol']:g})" for b in bounds
+                            if b["metric"] == "max-rel" and len(bounds) > 1)
+        bound = "".join(f", {b['metric']} error {_fmt_err(b['error'])} (bound {b['rtol']:g})"
+                        for b in bounds if b["metric"] != "max-rel" and b["error"] is not None)
         console.print(f"check: max abs error {_fmt_err(check['max_abs'])}, max rel error "
-                      f"{_fmt_err(check['max_rel'])}{bound} (worst output '{worst['name']}') on "
-                      f"{used}{note}")
+                      f"{_fmt_err(check['max_rel'])}{rel_bound}{bound} (worst output "
+                      f"'{worst['name']}') on {used}{note}")
     console.print(f"time: {report['timing']['total_s']:.2f} s; "
                   f"artifact: {report['artifact']['path']}")
 

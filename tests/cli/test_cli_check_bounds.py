@@ -1,0 +1,110 @@
+"""--check without --rtol bounds each budget pass's metric by its budget, whatever its size."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from passctl.tools.inputs import make_inputs
+
+MIXED = "quantize{metric=cosine,budget=1e-3},amp{metric=max-rel,budget=0.05}"
+
+
+@pytest.fixture
+def convs(tmp_path) -> str:
+    """x [1, 8, 16, 16] -> Conv(16, 3x3) -> Relu -> Conv(8, 3x3) -> y, saved in ``tmp_path``."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (16, 8, 3, 3)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (8, 16, 3, 3)).astype(np.float32), "W2")]
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "W2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], inits)
+    path = tmp_path / "convs.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)
+
+
+def _errors(model: str, artifact) -> dict:
+    """Independent errors of the artifact (its session.json level, ORT_ENABLE_ALL) against the
+    original (unoptimized) on the check's seed-0 inputs: max-rel, mean-rel, 1 - cosine."""
+    feed = make_inputs(model, seed=0)
+    level = ort.GraphOptimizationLevel
+    runs = []
+    for path, opt in ((model, level.ORT_DISABLE_ALL),
+                      (str(artifact / "model.onnx"), level.ORT_ENABLE_ALL)):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = opt
+        runs.append(ort.InferenceSession(path, options).run(None, feed)[0].astype(np.float64))
+    r, c = (v.ravel() for v in runs)
+    return {"max-rel": np.abs(r - c).max() / np.abs(r).max(),
+            "mean-rel": np.abs(r - c).sum() / np.abs(r).sum(),
+            "cosine": 1 - r @ c / (np.linalg.norm(r) * np.linalg.norm(c))}
+
+
+def _check(out) -> dict:
+    return json.loads((out / "report.json").read_text())["check"]
+
+
+def test_a_budget_below_the_default_rtol_bounds_its_metric(cli, convs, tmp_path):
+    # cosine 5e-5 is below DEFAULT_RTOL 1e-4: the check used to fall back to max-rel 1e-4 (rc 3)
+    out = tmp_path / "out"
+    r = cli(convs, "--pipeline", "quantize{metric=cosine,budget=5e-5}", "--check", "-o", out)
+    assert r.rc == 0, r.err
+    assert "the check accepts cosine error 5e-05, the quantize pass's budget" in r.out
+    check, want = _check(out), _errors(convs, out)
+    assert check["metric"] == "cosine" and check["rtol"] == 5e-5 and check["ok"]
+    assert check["metric_error"] == pytest.approx(want["cosine"], rel=1e-6)
+    assert check["bounds"] == [{"metric": "cosine", "rtol": 5e-5, "source": "quantize-int8",
+                                "ok": True, "error": check["metric_error"]}]
+    assert want["max-rel"] > 1e-4  # int8 did happen: the old max-rel 1e-4 bound fails it
+
+
+def test_an_amp_budget_below_the_default_rtol_is_the_bound(cli, convs, tmp_path):
+    out = tmp_path / "out"
+    r = cli(convs, "--pipeline", "amp{metric=max-rel,budget=5e-5}", "--check", "-o", out)
+    assert r.rc == 0, r.err
+    check = _check(out)
+    assert check["rtol"] == 5e-5 and check["metric"] == "max-rel"
+    assert check["bounds"][0]["source"] == "mixed-precision"
+
+
+def test_mixed_metrics_are_each_checked_against_their_own_budget(cli, convs, tmp_path):
+    out = tmp_path / "out"
+    r = cli(convs, "--pipeline", MIXED, "--check", "-o", out)
+    assert r.rc == 0, r.err
+    check, want = _check(out), _errors(convs, out)
+    assert [(b["metric"], b["rtol"], b["source"], b["ok"]) for b in check["bounds"]] == [
+        ("cosine", 1e-3, "quantize-int8", True), ("max-rel", 0.05, "mixed-precision", True)]
+    assert check["bounds"][0]["error"] == pytest.approx(want["cosine"], rel=1e-6)
+    assert check["bounds"][1]["error"] == pytest.approx(want["max-rel"], rel=1e-6)
+    assert (check["metric"], check["rtol"]) == ("cosine", 1e-3)  # the first bound
+    assert check["metric_error"] == check["bounds"][0]["error"]
+    assert "(bound 0.05)" in r.out and "cosine error" in r.out and "(bound 0.001)" in r.out
+
+
+def test_mixed_metrics_fail_on_the_bound_that_is_exceeded(cli, convs, tmp_path):
+    # cosine 0.5 used to be taken as the bound (the largest number); max-rel 1e-3 is not met
+    out = tmp_path / "out"
+    r = cli(convs, "--pipeline", "quantize{metric=cosine,budget=0.5},"
+            "amp{metric=max-rel,budget=0.001}", "--check", "-o", out)
+    assert r.rc == 3
+    assert "max_rel" in r.err and "> 0.001" in r.err
+    assert "loosen the amp pass's budget (now max-rel 0.001" in r.err
+    assert not out.exists()
+
+
+def test_rtol_replaces_every_budget(cli, convs, tmp_path):
+    out = tmp_path / "out"
+    r = cli(convs, "--pipeline", MIXED, "--check", "--rtol", "0.2", "-o", out)
+    assert r.rc == 0, r.err
+    check = _check(out)
+    assert check["bounds"] == [{"metric": "max-rel", "rtol": 0.2, "source": "--rtol", "ok": True,
+                                "error": check["max_rel"]}]
