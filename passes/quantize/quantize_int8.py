@@ -64,9 +64,9 @@ class QuantizeInt8(Pass):
          QLinearConv / QLinearMatMul / QGemm kernels requantize in fixed point: a PP-OCRv4 det
          chosen at mean-rel 0.0275 unfused gave 0.044 as shipped on 128x128 text images);
          TensorRT's form runs unoptimized (TensorRT parses the graph as written). If the error is
-         over ``budget``, layers are ranked by sensitivity: ``output`` (``auto`` up to 64 layers) is the model-output error with only
-         that layer in int8, one model run per layer; ``local`` is each layer's own int8 error
-         measured in one session (``calibrate.sensitivity``; max-rel for ``metric=max-rel``, else
+         over ``budget``, layers are ranked by sensitivity: ``output`` (``auto`` up to 64
+         layers) is the model-output error with only that layer in int8, one model run per
+         layer; ``local`` is each layer's own int8 error measured in one session (``calibrate.sensitivity``; max-rel for ``metric=max-rel``, else
          mean-rel). The most sensitive layers go back to float32 in ranking order: the fewest
          leading layers that meet the budget, found by galloping + bisection over whole-model runs
          (amp's ``search_fp32_set``; the same result as removing them one at a time when the error
