@@ -182,3 +182,20 @@ def test_check_models_passes_and_fails(tmp_path):
     expected = np.abs(x * np.float32(2.0) - x * np.float32(2.002)).max() / np.abs(2.0 * x).max()
     assert off.outputs["Y"].max_rel == pytest.approx(expected, rel=1e-5)
     assert not off.ok(rtol=1e-4) and off.ok(rtol=2e-3)
+
+
+@pytest.mark.parametrize("optimize,level", [(False, "ORT_DISABLE_ALL"), (True, "ORT_ENABLE_ALL"),
+                                            ("ORT_ENABLE_EXTENDED", "ORT_ENABLE_EXTENDED")])
+def test_cpu_session_takes_a_session_json_level_name(optimize, level):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from passctl.tools.check import cpu_session
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = cpu_session(model.SerializeToString(), optimize=optimize)
+    assert session.get_session_options().graph_optimization_level == \
+        getattr(ort.GraphOptimizationLevel, level)
