@@ -624,8 +624,17 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
                         "--inputs FILE.npz") from e
     warnings = _vacuous_check_warnings(want, args.atol, plan.dims, sources, overrides)
     level = _session_optimization(folder)
-    got = (load_artifact(folder).run(inputs) if tvm else
-           run_onnxruntime(candidate, inputs, optimize=level or False))
+    try:
+        got = (load_artifact(folder).run(inputs) if tvm else
+               run_onnxruntime(candidate, inputs, optimize=level or False))
+    except Exception as e:  # noqa: BLE001  (ORT's NotImplemented and siblings)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if tvm or "NOT_IMPLEMENTED" not in first:
+            raise
+        raise UserError(f"--check runs the artifact on ONNX Runtime's CPU provider, which cannot "
+                        f"run it ({first.split(' : ')[-1]}: a low-precision kernel that CUDA and "
+                        "TensorRT have and the CPU lacks); drop --check here, or check with "
+                        "amp{emulate=true} (low-precision rounding computed in float32)") from e
     result = compare(want, got)
     bounds = getattr(args, "check_bounds", None) or [
         (getattr(args, "check_metric", "max-rel"), args.rtol, "--rtol")]

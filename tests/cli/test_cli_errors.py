@@ -286,3 +286,28 @@ def test_quantize_for_tensorrt_calibrates_at_the_profile_opt_sizes(cli, tmp_path
     assert check["inputs"][0]["shape"] == [4, 3, 48, 192]
     stats = next(p["stats"] for p in report["passes"] if p["name"] == "quantize-int8")
     assert stats["quantized_layers"] >= 1
+
+
+def test_check_of_a_bf16_gpu_artifact_says_the_cpu_cannot_run_it(cli, tmp_path):
+    """amp{dtype=bf16} for a100 is valid ONNX that ONNX Runtime's CPU provider has no bf16 MatMul
+    for: --check is a one-line user error with the way out (emulate=true), and that way works."""
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 16])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 16])], [w])
+    path = tmp_path / "mm.onnx"
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]),
+              str(path))
+    r = cli(path, "--pipeline", "amp{dtype=bf16,measure=false}", "--target", "a100", "--check",
+            "-o", tmp_path / "out")
+    _assert_user_error(r, "--check runs the artifact on ONNX Runtime's CPU provider, which cannot "
+                          "run it", "amp{emulate=true}")
+    assert not (tmp_path / "out").exists()
+    r = cli(path, "--pipeline", "amp{dtype=bf16,measure=false}", "--target", "a100", "-o",
+            tmp_path / "out")
+    assert r.rc == 0, r.err  # without --check the artifact is written (validated by onnx.checker)
+    r = cli(path, "--pipeline", "amp{dtype=bf16,measure=false,emulate=true}", "--target", "a100",
+            "--check", "-o", tmp_path / "emulated")
+    assert r.rc == 0, r.err
