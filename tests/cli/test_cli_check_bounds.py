@@ -82,7 +82,8 @@ def test_mixed_metrics_fail_on_the_bound_that_is_exceeded(cli, convs, tmp_path):
     # cosine 0.5 used to be taken as the bound (the largest number); max-rel 1e-3 is not met
     out = tmp_path / "out"
     r = cli(convs, "--pipeline", "quantize{metric=cosine,budget=0.5},"
-            "amp{metric=max-rel,budget=0.001}", "--check", "-o", out)
+            "amp{metric=max-rel,budget=0.001}", "--check", "-o", out,
+            "--reproducer-dir", tmp_path / "crash")
     assert r.rc == 3
     assert "max_rel" in r.err and "> 0.001" in r.err
     assert "loosen the amp pass's budget (now max-rel 0.001" in r.err
