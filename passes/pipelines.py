@@ -165,9 +165,7 @@ ALIASES: Dict[str, Dict[str, List[str]]] = {
 }
 
 # Why an alias without passes fails: the feature that will bring them.
-NOT_YET: Dict[str, str] = {
-    "fuse": "operator fusion is not implemented in this version",
-}
+NOT_YET: Dict[str, str] = {}  # every alias has its passes in this version
 
 
 def alias_passes(alias: str, target: Optional[str] = None,

@@ -39,7 +39,6 @@ def test_no_rule_pattern_shows_python_source(cli):
 
 
 def test_failed_constraint_says_what_the_pattern_wants(tmp_path):
-    import onnx
     from onnx import TensorProto, helper
 
     from passctl.ir import from_onnx
