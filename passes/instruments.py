@@ -329,6 +329,9 @@ class CheckEach:
         rtol: bound on the ``metric`` error for the ok/FAILED mark.
         atol: absolute error always accepted (see ``passctl.tools.check.OutputDiff.ok``).
         metric: ``max-rel`` (default), ``mean-rel`` or ``cosine`` (``passctl.tools.check.METRICS``).
+        bounds: ``[(metric, rtol), ...]`` every one of which must hold (the CLI's bounds when
+            the pipeline's amp / quantize passes bound different metrics); replaces ``rtol`` and
+            ``metric`` when given.
 
     Attributes:
         results: ``(index, pass name, CheckResult)`` per pass, in order.
@@ -336,7 +339,7 @@ class CheckEach:
 
     def __init__(self, original, inputs: Optional[Dict[str, Any]] = None, seed: int = 0,
                  write: Optional[Write] = None, rtol: Optional[float] = None, atol: float = 0.0,
-                 metric: str = "max-rel"):
+                 metric: str = "max-rel", bounds: Optional[List[Any]] = None):
         from passctl.tools.check import DEFAULT_RTOL, make_inputs, run_onnxruntime
 
         self.original = original
@@ -346,7 +349,12 @@ class CheckEach:
         self.rtol = DEFAULT_RTOL if rtol is None else rtol
         self.atol = atol
         self.metric = metric
+        self.bounds = list(bounds) if bounds else [(metric, self.rtol)]
         self.results: List[Any] = []
+
+    def ok(self, result) -> bool:
+        """Whether ``result`` (a :class:`passctl.tools.check.CheckResult`) meets every bound."""
+        return all(result.ok(rtol, self.atol, metric) for metric, rtol in self.bounds)
 
     def after_pass(self, pass_: Pass, model: Model, record) -> None:
         from passctl.ir.onnx_export import to_onnx
@@ -362,8 +370,8 @@ class CheckEach:
         result = compare(self.reference, outputs)
         self.results.append((record.index, pass_.name, result))
         max_abs = max((d.max_abs for d in result.outputs.values()), default=0.0)
-        mark = ("ok" if result.ok(self.rtol, self.atol, self.metric)
-                else "FAILED: " + "; ".join(result.failures(self.rtol, self.atol, self.metric)))
+        mark = ("ok" if self.ok(result) else "FAILED: " + "; ".join(
+            line for metric, rtol in self.bounds for line in result.failures(rtol, self.atol, metric)))
         self.write(f"check after {record.index:03d} {pass_.name}: max_abs {max_abs:.3g}, "
                    f"max_rel {result.max_rel:.3g} ({mark})")
 

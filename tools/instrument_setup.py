@@ -59,7 +59,9 @@ def build_instruments(args, reference: str, dims: Dict[str, int],
         inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
         instruments.append(CheckEach(reference, inputs=inputs, write=_stdout, rtol=args.rtol,
                                      atol=args.atol,
-                                     metric=getattr(args, "check_metric", "max-rel")))
+                                     metric=getattr(args, "check_metric", "max-rel"),
+                                     bounds=[(m, r) for m, r, _ in
+                                             getattr(args, "check_bounds", None) or []]))
     if args.timing:
         instruments.append(Timing(write=_stdout))
     return instruments
@@ -74,7 +76,7 @@ def instruments_report(instruments: List[Any]) -> Dict[str, Any]:
         if isinstance(inst, CheckEach):
             out["check_each"] = [
                 {"index": index, "pass": name,
-                 "ok": None if res is None else res.ok(inst.rtol, inst.atol, inst.metric),
+                 "ok": None if res is None else inst.ok(res),
                  "max_rel": None if res is None else _finite(res.max_rel),
                  "outputs": None if res is None else [d.to_dict() for d in res.outputs.values()]}
                 for index, name, res in inst.results]

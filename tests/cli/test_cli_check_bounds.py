@@ -97,3 +97,19 @@ def test_rtol_replaces_every_budget(cli, convs, tmp_path):
     check = _check(out)
     assert check["bounds"] == [{"metric": "max-rel", "rtol": 0.2, "source": "--rtol", "ok": True,
                                 "error": check["max_rel"]}]
+
+
+def test_check_each_applies_every_bound(cli, convs, tmp_path):
+    """--check-each marks a pass FAILED when any of the budget passes' bounds fails, not only the
+    first one: after amp the max-rel 1e-3 bound of amp is exceeded (quantize's cosine 0.5 holds)."""
+    r = cli(convs, "--pipeline", "quantize{metric=cosine,budget=0.5},"
+            "amp{metric=max-rel,budget=0.001}", "--check-each", "-o", tmp_path / "out",
+            "--reproducer-dir", tmp_path / "crash")
+    lines = [line for line in r.out.splitlines() if line.startswith("check after")]
+    quantize = next(line for line in lines if "quantize-int8" in line)
+    assert "FAILED" in quantize and "max_rel" in quantize and "> 0.001" in quantize
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    entry = next(e for e in report["check_each"] if e["pass"] == "quantize-int8")
+    assert entry["ok"] is False
+    rel = float(quantize.split("max_rel ")[1].split(" ")[0].rstrip(","))
+    assert rel > 1e-3  # the max-rel the line reports is indeed over amp's bound
