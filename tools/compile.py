@@ -640,6 +640,11 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
         (getattr(args, "check_metric", "max-rel"), args.rtol, "--rtol")]
     entry = result.to_dict(bounds[0][1], bounds[0][0])
     finite = [o for o in result.outputs.values() if o.problem is None]
+    single = [name for name, a in want.items() if getattr(a, "size", 0) == 1]
+    if single and any(m == "cosine" for m, _, _ in bounds):
+        warnings.append(f"--check: metric=cosine does not bound {', '.join(map(repr, single))}: "
+                        "the cosine of two one-element outputs is 1 whatever their values; use "
+                        "metric=mean-rel or max-rel for such outputs")
 
     def passes(diff, atol: float) -> bool:
         return all(diff.ok(r, atol, m) for m, r, _ in bounds)

@@ -8,6 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from onnx import TensorProto, helper
+
 from passctl.tools.inputs import make_inputs
 from small_graphs import conv_relu_conv  # tests/small_graphs.py
 
@@ -113,3 +115,22 @@ def test_check_each_applies_every_bound(cli, convs, tmp_path):
     assert entry["ok"] is False
     rel = float(quantize.split("max_rel ")[1].split(" ")[0].rstrip(","))
     assert rel > 1e-3  # the max-rel the line reports is indeed over amp's bound
+
+
+def test_cosine_bound_warns_about_one_element_outputs(cli, tmp_path):
+    """The cosine of two one-element vectors is 1 whatever they hold, so metric=cosine bounds
+    nothing there: the check says so (Silero VAD's speech probability is such an output)."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x"], ["y"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    import onnx
+
+    path = tmp_path / "mean.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    r = cli(path, "--pipeline", "amp{metric=cosine,budget=0.01,measure=false}", "--target", "a10",
+            "--check", "-o", tmp_path / "out")
+    assert r.rc == 0, r.err
+    assert "metric=cosine does not bound 'y'" in r.err
+    assert any("metric=cosine does not bound 'y'" in w
+               for w in _check(tmp_path / "out")["warnings"])
