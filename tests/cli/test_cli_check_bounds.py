@@ -7,7 +7,6 @@ import json
 import numpy as np
 import onnxruntime as ort
 import pytest
-
 from onnx import TensorProto, helper
 
 from passctl.tools.inputs import make_inputs
@@ -124,7 +123,7 @@ def test_cosine_bound_warns_about_one_element_outputs(cli, tmp_path):
         [helper.make_node("ReduceMean", ["x"], ["y"], keepdims=0)], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    import onnx
+    import onnx  # noqa: PLC0415
 
     path = tmp_path / "mean.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
