@@ -102,8 +102,9 @@ QUANTIZE: List[str] = [
     # NOTE: infer-shapes first: quantize-int8 quantizes only float32 data inputs, and exports keep
     # few types for intermediate values.
     "infer-shapes",
-    # NOTE: quantize-int8 calibrates, measures, searches the float32 set and writes QDQ itself
-    # (symmetric, zero point 0: what TensorRT requires and ONNX Runtime's QDQ fusions accept).
+    # NOTE: quantize-int8 calibrates, measures, searches the float32 set and writes QDQ itself, in
+    # the target's form: int8 with zero point 0 on GPUs (TensorRT requires it), uint8 with zero point
+    # 128 on the cpu (the same symmetric grid; ONNX Runtime's x86 U8S8 kernels).
     "quantize-int8",
     # NOTE: dce last: the float32 weights (initializers or Constant nodes) it replaced are dead.
     "dce",
