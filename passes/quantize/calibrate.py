@@ -108,13 +108,13 @@ def sensitivity(model: Model, layers: Sequence[QuantLayer], scales: Dict[str, fl
     graph = work.graph
     nodes = list(graph)
     b = Builder(graph)  # appends at the end: every original value is defined before
-    outputs: List[Value] = []
+    scalars: List[Value] = []  # the graph outputs (``outputs`` is the option)
     probes: Dict[int, Tuple[str, str, str, str]] = {}
 
     def scalar(op: str, v: Value) -> Value:
         out = b.op(op, b.op("Abs", v), keepdims=0)
         out.type = TensorType(DataType.FLOAT, Shape(()))
-        outputs.append(out)
+        scalars.append(out)
         return out
 
     for layer in layers:
@@ -134,7 +134,7 @@ def sensitivity(model: Model, layers: Sequence[QuantLayer], scales: Dict[str, fl
         probes[layer.position] = tuple(v.name for v in (
             scalar("ReduceMax", diff), scalar("ReduceSum", diff), scalar("ReduceMax", ref),
             scalar("ReduceSum", ref)))
-    graph.outputs = outputs
+    graph.outputs = scalars
     results = run_model(work, feeds) if probes else []
     m = Sensitivity()
     for position, (e_max, e_sum, r_max, r_sum) in probes.items():

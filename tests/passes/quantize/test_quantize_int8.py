@@ -399,3 +399,39 @@ def test_fusedconv_is_split_and_quantized():
         r, c = _run(original, feed).astype(np.float64), _run(proto, feed).astype(np.float64)
         worst = max(worst, np.abs(r - c).sum() / np.abs(r).sum())
     assert 0 < worst and worst == pytest.approx(stats["error"], rel=1e-2)
+
+
+@pytest.mark.parametrize("outputs", [False, True])
+def test_local_sensitivity_of_matmul_matches_numpy(outputs):
+    """``calibrate.sensitivity``: the MatMul's own error with its input and weight int8 (and its
+    output too exactly when ``outputs``), against numpy on the float activations from ONNX Runtime."""
+    from passctl.passes.quantize.calibrate import calibrate, sensitivity
+    from passctl.passes.quantize.layers import find_layers
+
+    model = from_onnx(_small_model())
+    layers, _ = find_layers(model.graph)
+    feeds = _feeds()
+    scales, _ = calibrate(model, layers, feeds, "minmax", 99.99, outputs)
+    sens = sensitivity(model, layers, scales, feeds, {}, False, outputs)
+    matmul = next(l for l in layers if l.op == "MatMul")
+    exposed = _small_model()
+    exposed.graph.output.append(helper.make_tensor_value_info("f", TensorProto.FLOAT, None))
+    session = ort.InferenceSession(exposed.SerializeToString())
+    f_all = [session.run(["f"], feed)[0].astype(np.float64) for feed in feeds]
+    m = next(numpy_helper.to_array(i) for i in _small_model().graph.initializer if i.name == "M")
+
+    def fake(x, s):
+        return np.clip(np.round(x / s), -128, 127) * s
+
+    s_w = np.abs(m).max(axis=0) / 127
+    w_q = np.clip(np.round(m / s_w), -127, 127) * s_w
+    s_f = np.float32(max(np.abs(f).max() for f in f_all) / 127)
+    errors, totals = 0.0, 0.0
+    for f in f_all:
+        ref = f @ m
+        q = fake(f, s_f) @ w_q
+        if outputs:
+            q = fake(q, scales["m"])
+        errors += np.abs(q - ref).sum()
+        totals += np.abs(ref).sum()
+    assert sens.mean_rel[matmul.position] == pytest.approx(errors / totals, rel=1e-3)
