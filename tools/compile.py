@@ -260,7 +260,8 @@ def _check_output_path(out: str, model_path: str) -> None:
 
 
 def _default_rtol(args, flat, console) -> None:
-    """Set ``args.check_bounds``, ``args.rtol``, ``args.check_metric`` and ``args.rtol_source``.
+    """Set ``args.check_bounds``: the bounds the numeric check (``--check``, ``--check-each``)
+    applies, the one place the check's metric and tolerance are decided.
 
     ``args.check_bounds`` lists ``(metric, rtol, source)``: with ``--rtol``, ``[("max-rel", rtol,
     "--rtol")]``; else one bound per metric of the pipeline's amp (``mixed-precision``) and
@@ -268,12 +269,9 @@ def _default_rtol(args, flat, console) -> None:
     by the pass's ``budget`` whatever its size (the largest budget when several passes share a
     metric; their outputs are meant to differ that much, measured the way the pass measured them),
     in pipeline order; without such a pass ``[("max-rel", DEFAULT_RTOL, "default")]``
-    (:data:`passctl.tools.check.DEFAULT_RTOL`). ``rtol``, ``check_metric`` and ``rtol_source`` (the
-    pass's words, ``None`` for ``--rtol`` or the default) describe the first bound. Says so when a
-    budget is used."""
+    (:data:`passctl.tools.check.DEFAULT_RTOL`). Says so when a budget is used."""
     from passctl.tools.check import DEFAULT_RTOL
 
-    args.check_metric, args.rtol_source = "max-rel", None
     if args.rtol is not None:
         args.check_bounds = [("max-rel", float(args.rtol), "--rtol")]
         return
@@ -284,18 +282,17 @@ def _default_rtol(args, flat, console) -> None:
             if metric not in bounds or budget > bounds[metric][1]:
                 bounds[metric] = (metric, budget, p.name)
     args.check_bounds = list(bounds.values()) or [("max-rel", DEFAULT_RTOL, "default")]
-    args.check_metric, args.rtol, source = args.check_bounds[0]
-    if source == "default":
+    if not bounds or not (args.check or args.check_each) or args.quiet:
         return
-    args.rtol_source = f"{_pass_word(source)} pass's"
-    if (args.check or args.check_each) and not args.quiet:
+    if len(bounds) == 1:
+        metric, rtol, source = args.check_bounds[0]
+        said = (f"{metric} error {rtol:g}, the {_pass_word(source)} pass's budget under its "
+                "metric")
+    else:
         said = " and ".join(f"{m} error {r:g} (the {_pass_word(src)} pass's budget)"
                             for m, r, src in args.check_bounds)
-        if len(args.check_bounds) == 1:
-            said = (f"{args.check_metric} error {args.rtol:g}, the {_pass_word(source)} pass's "
-                    "budget under its metric")
-        console.print(f"note: the check accepts {said} (give --rtol for a max-rel bound)",
-                      markup=False, highlight=False)
+    console.print(f"note: the check accepts {said} (give --rtol for a max-rel bound)",
+                  markup=False, highlight=False)
 
 
 def _pass_word(name: str) -> str:
@@ -636,8 +633,7 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
                         "TensorRT have and the CPU lacks); drop --check here, or check with "
                         "amp{emulate=true} (low-precision rounding computed in float32)") from e
     result = compare(want, got)
-    bounds = getattr(args, "check_bounds", None) or [
-        (getattr(args, "check_metric", "max-rel"), args.rtol, "--rtol")]
+    bounds = args.check_bounds
     entry = result.to_dict(bounds[0][1], bounds[0][0])
     finite = [o for o in result.outputs.values() if o.problem is None]
     single = [name for name, a in want.items() if getattr(a, "size", 0) == 1]

@@ -37,7 +37,7 @@ def build_instruments(args, reference: str, dims: Dict[str, int],
     every pass with ``--check-each`` (same seeded inputs as ``--check``). Text goes to stdout.
 
     Args:
-        args: the parsed ``compile`` arguments.
+        args: the parsed ``compile`` arguments (``check_bounds`` set by ``compile``).
         reference: path of the original model as ONNX (for ``--check-each``).
         dims: ``--dim`` sizes of symbolic input dimensions.
         overrides: ``--inputs`` arrays by input name.
@@ -57,11 +57,8 @@ def build_instruments(args, reference: str, dims: Dict[str, int],
         from passctl.tools.check import make_inputs
 
         inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
-        instruments.append(CheckEach(reference, inputs=inputs, write=_stdout, rtol=args.rtol,
-                                     atol=args.atol,
-                                     metric=getattr(args, "check_metric", "max-rel"),
-                                     bounds=[(m, r) for m, r, _ in
-                                             getattr(args, "check_bounds", None) or []]))
+        instruments.append(CheckEach(reference, inputs=inputs, write=_stdout, atol=args.atol,
+                                     bounds=[(m, r) for m, r, _ in args.check_bounds]))
     if args.timing:
         instruments.append(Timing(write=_stdout))
     return instruments
