@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from passctl.ir.errors import UserError
 from passctl.tools.model_source import IR_TEXT_SUFFIX, load_model
@@ -165,8 +165,9 @@ def write_crash_folder(root: Optional[str], argv: List[str], error: BaseExceptio
     return folder
 
 
-def _artifact_files(folder: str) -> Optional[set]:
-    """Names a passctl artifact in ``folder`` owns (``None``: no passctl ``report.json`` there)."""
+def _artifact_files(folder: str) -> Tuple[Optional[set], str]:
+    """Names a passctl artifact in ``folder`` owns and its ``emitter`` from its ``report.json``
+    (``(None, "")``: no passctl ``report.json`` there)."""
     import json
 
     from passctl.tools.report import REPORT_FILE
@@ -175,12 +176,12 @@ def _artifact_files(folder: str) -> Optional[set]:
         with open(os.path.join(folder, REPORT_FILE)) as f:
             report = json.load(f)
     except (OSError, ValueError):
-        return None
+        return None, ""
     if not isinstance(report, dict) or report.get("schema") != REPORT_SCHEMA:
-        return None
+        return None, ""
     artifact = report.get("artifact") if isinstance(report.get("artifact"), dict) else {}
     files = artifact.get("files") if isinstance(artifact.get("files"), list) else []
-    return {REPORT_FILE, *(str(f) for f in files)}
+    return {REPORT_FILE, *(str(f) for f in files)}, str(report.get("emitter", ""))
 
 
 def _check_output_path(out: str, model_path: str) -> None:
@@ -218,12 +219,10 @@ def _check_output_path(out: str, model_path: str) -> None:
         raise UserError(f"output folder '{shown}' contains the input model '{model_path}' and would "
                         "replace it; choose another -o")
     if os.path.isdir(out):
-        import contextlib
-        import json
         import stat
 
         names = sorted(os.listdir(out))
-        listed = _artifact_files(out)
+        listed, kind = _artifact_files(out)
         if names and listed is None:
             shown_names = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
             raise UserError(f"output folder '{shown}' exists and is not a passctl artifact (holds "
@@ -236,11 +235,6 @@ def _check_output_path(out: str, model_path: str) -> None:
                   "tensorrt": {"model.onnx", "model.onnx.data", "manifest.json", "precision.json",
                                "build_engine.sh", "model.engine"}}
         later = {"model.onnx.data", "model.engine"}
-        kind = ""
-        if names:
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                with open(os.path.join(out, "report.json")) as f:
-                    kind = str(json.load(f).get("emitter", ""))
         own = writes.get(kind, set().union(*writes.values()))
         for n in names:
             try:
