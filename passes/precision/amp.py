@@ -17,9 +17,9 @@ from passctl.passes.precision.casts import WeightCache, apply_precision
 from passctl.passes.precision.cpu_kernels import needs_emulation
 from passctl.passes.precision.ops import convertible, float_inputs, has_float32, is_exact
 from passctl.passes.precision.rules import LOW_DTYPES, becomes_inf, finite_max, rule_fp32_nodes
-from passctl.passes.precision.sensitivity import (METRICS, calibration_inputs, group_estimates, measure,
-                                                  output_error, random_feeds_note, run_model,
-                                                  search_fp32_set)
+from passctl.passes.precision.sensitivity import (calibration_inputs, check_search_options,
+                                                  group_estimates, measure, output_error,
+                                                  random_feeds_note, run_model, search_fp32_set)
 from passctl.passes.registry import register_pass
 from passctl.targets.profiles import TargetProfile, get_target
 
@@ -138,13 +138,9 @@ class MixedPrecision(Pass):
         emulate: Optional[bool] = None
 
         def __post_init__(self) -> None:
-            """Raises UserError: ``budget`` is not a positive finite error (a negative or NaN
-            budget kept every measured node float32 with only a warning), or ``samples`` < 1."""
-            if not (self.budget > 0 and math.isfinite(self.budget)):
-                raise UserError(f"amp: budget={self.budget:g} must be a positive error such as 1e-2 "
-                                f"(under metric={self.metric})")
-            if self.samples < 1:
-                raise UserError(f"amp: samples={self.samples} must be at least 1")
+            """Raises UserError: a bad ``budget``, ``samples`` or ``metric``
+            (:func:`passctl.passes.precision.sensitivity.check_search_options`)."""
+            check_search_options("amp", self.budget, self.samples, self.metric, "1e-2")
 
     def run(self, model: Model) -> PassResult:
         o = self.options
@@ -155,8 +151,6 @@ class MixedPrecision(Pass):
             other = f"use dtype={support['dtypes'][0]}" if support["dtypes"] else "use another target"
             raise UserError(f"amp: dtype={o.dtype} is not supported on target {target.name} "
                             f"({target.description}, {target.sm}): {o.dtype} needs {need}; {other}")
-        if o.metric not in METRICS:
-            raise UserError(f"amp: metric={o.metric} is unknown; use {', '.join(METRICS)}")
         low = LOW_DTYPES[o.dtype]
         graph = model.graph
         nodes = list(graph)

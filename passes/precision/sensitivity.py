@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import math
 import os
 import tempfile
 import time
@@ -74,6 +75,26 @@ def calibration_inputs(model: Model, calib: str = "", samples: int = 2, seed: in
 
     header = to_onnx(_interface_only(model))
     return [make_inputs(header, seed=seed + k, dim_values=dims) for k in range(max(1, samples))]
+
+
+def check_search_options(owner: str, budget: float, samples: int, metric: str,
+                         example: str) -> None:
+    """Check the accuracy-budget options that amp and quantize share (their ``Options``
+    ``__post_init__`` calls this, so a bad value fails when the pipeline is built).
+
+    Raises:
+        UserError: ``budget`` is not a positive finite error (a negative or NaN budget kept every
+            measured node float32 with only a warning; an infinite one accepts an inf output
+            error), ``samples`` < 1, or ``metric`` is not one of :data:`METRICS`. ``owner`` (the
+            pass name) starts the message, ``example`` is a budget to suggest.
+    """
+    if metric not in METRICS:
+        raise UserError(f"{owner}: metric={metric} is unknown; use {', '.join(METRICS)}")
+    if not (budget > 0 and math.isfinite(budget)):
+        raise UserError(f"{owner}: budget={budget:g} must be a positive error such as {example} "
+                        f"(under metric={metric})")
+    if samples < 1:
+        raise UserError(f"{owner}: samples={samples} must be at least 1")
 
 
 def _calibration_file(path: str, names: Sequence[str], owner: str) -> Dict[str, np.ndarray]:

@@ -13,8 +13,9 @@ from passctl.ir.errors import UserError
 from passctl.passes._snapshot import clone_model
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.precision.amp import parse_dims
-from passctl.passes.precision.sensitivity import (METRICS, calibration_inputs, output_error,
-                                                  random_feeds_note, run_model, search_fp32_set)
+from passctl.passes.precision.sensitivity import (calibration_inputs, check_search_options,
+                                                  output_error, random_feeds_note, run_model,
+                                                  search_fp32_set)
 from passctl.passes.quantize.calibrate import Sensitivity, calibrate, sensitivity
 from passctl.passes.quantize.layers import (QUANTIZABLE, QuantLayer, Skipped, find_layers,
                                             quantizable_nodes)
@@ -126,27 +127,22 @@ class QuantizeInt8(Pass):
         outputs: Optional[bool] = None
         target: str = "cpu"
 
-    def _validate(self) -> None:
-        o = self.options
-        if o.calibration not in CALIBRATIONS:
-            raise UserError(f"quantize-int8: calibration={o.calibration} is unknown; use "
-                            f"{', '.join(CALIBRATIONS)}")
-        if o.metric not in METRICS:
-            raise UserError(f"quantize-int8: metric={o.metric} is unknown; use "
-                            f"{', '.join(METRICS)}")
-        if not 0 < o.percentile <= 100:
-            raise UserError(f"quantize-int8: percentile={o.percentile:g} is outside (0, 100]; "
-                            "use e.g. percentile=99.99")
-        default = type(o).__dataclass_fields__["percentile"].default
-        if o.percentile != default and o.calibration != "percentile":
-            raise UserError(f"quantize-int8: percentile={o.percentile:g} applies only to "
-                            f"calibration=percentile (calibration={o.calibration}); add "
-                            "calibration=percentile or drop percentile=")
-        if not o.budget > 0 or math.isnan(o.budget):
-            raise UserError(f"quantize-int8: budget={o.budget:g} must be a positive error such "
-                            "as 2e-2")
-        if o.samples < 1:
-            raise UserError(f"quantize-int8: samples={o.samples} must be at least 1")
+        def __post_init__(self) -> None:
+            """Raises UserError: an unknown ``calibration``, ``percentile`` outside (0, 100] or
+            given without ``calibration=percentile``, or a bad ``budget``, ``samples`` or
+            ``metric`` (:func:`passctl.passes.precision.sensitivity.check_search_options`)."""
+            if self.calibration not in CALIBRATIONS:
+                raise UserError(f"quantize-int8: calibration={self.calibration} is unknown; use "
+                                f"{', '.join(CALIBRATIONS)}")
+            if not 0 < self.percentile <= 100:
+                raise UserError(f"quantize-int8: percentile={self.percentile:g} is outside "
+                                "(0, 100]; use e.g. percentile=99.99")
+            default = type(self).__dataclass_fields__["percentile"].default
+            if self.percentile != default and self.calibration != "percentile":
+                raise UserError(f"quantize-int8: percentile={self.percentile:g} applies only to "
+                                f"calibration=percentile (calibration={self.calibration}); add "
+                                "calibration=percentile or drop percentile=")
+            check_search_options("quantize-int8", self.budget, self.samples, self.metric, "2e-2")
 
     def _exclude(self, model: Model) -> List[str]:
         """The ``exclude`` entries; each must name a quantizable node (its name or a source node
@@ -175,7 +171,6 @@ class QuantizeInt8(Pass):
 
     def run(self, model: Model) -> PassResult:
         o = self.options
-        self._validate()
         target = get_target(o.target)
         if not target.supports("int8") and target.is_gpu:
             raise UserError(f"quantize-int8: target {target.name} ({target.description}) has no "
