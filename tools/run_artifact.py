@@ -40,31 +40,34 @@ def artifact_kind(folder: str) -> str:
         UserError: ``folder`` is not a folder, holds neither artifact, or its only
             ``manifest.json`` is unreadable, not JSON, or has a missing or unknown ``schema``.
     """
-    import json
+    return _read_artifact(folder)[0]
 
-    from passctl.targets.tensorrt import is_tensorrt_artifact
+
+def _read_artifact(folder: str) -> Tuple[str, Optional[dict]]:
+    """:func:`artifact_kind` and the manifest it read (None for an ONNX Runtime artifact): the
+    one read of ``manifest.json`` per run."""
     from passctl.targets.tensorrt.emit import MANIFEST_SCHEMA as TRT_SCHEMA
     from passctl.targets.tvm.runtime import MANIFEST_FILE, MANIFEST_SCHEMA as TVM_SCHEMA
-    from passctl.targets.tvm.runtime import is_tvm_artifact
+    from passctl.targets.tvm.runtime import read_manifest
 
     if not os.path.isdir(folder):
         raise UserError(f"artifact '{folder}' is not a folder; give the -o folder of passctl compile")
-    if is_tvm_artifact(folder):
-        return "tvm"
-    if is_tensorrt_artifact(folder):
-        return "tensorrt"
-    if os.path.isfile(os.path.join(folder, "session.json")):
-        return "onnxruntime"
-    manifest = os.path.join(folder, MANIFEST_FILE)
-    if os.path.lexists(manifest):
+    data, problem = None, None
+    if os.path.lexists(os.path.join(folder, MANIFEST_FILE)):
         try:
-            with open(manifest) as f:
-                data = json.load(f)
+            data = read_manifest(folder)
         except OSError as e:
-            raise _damaged(folder, MANIFEST_FILE, f"cannot be read ({e.strerror})") from None
+            problem = f"cannot be read ({e.strerror})"
         except ValueError:
-            raise _damaged(folder, MANIFEST_FILE, "is not valid JSON") from None
-        schema = data.get("schema") if isinstance(data, dict) else None
+            problem = "is not valid JSON"
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema in (TVM_SCHEMA, TRT_SCHEMA):
+        return ("tvm" if schema == TVM_SCHEMA else "tensorrt"), data
+    if os.path.isfile(os.path.join(folder, "session.json")):
+        return "onnxruntime", None
+    if problem is not None:
+        raise _damaged(folder, MANIFEST_FILE, problem)
+    if data is not None:
         known = f"this passctl reads '{TVM_SCHEMA}' (TVM) and '{TRT_SCHEMA}' (TensorRT)"
         if schema is None:
             raise _damaged(folder, MANIFEST_FILE, f"has no 'schema' entry ({known})")
@@ -118,7 +121,7 @@ class _Runner:
         """
         import onnx
 
-        self.kind = artifact_kind(folder)
+        self.kind, self.manifest = _read_artifact(folder)
         if self.kind == "tvm":
             from passctl.targets.tvm.runtime import load_artifact
 
@@ -197,11 +200,13 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     runner = _Runner(folder)
     if dims:
         check_dim_names(runner.header, dims)
-    elif runner.kind == "tensorrt":
-        dims = profile_opt_dims(folder)
-    feeds = make_inputs(runner.header, seed=seed, dim_values=dims, overrides=load_input_file(inputs))
+    profile = {}  # a TensorRT artifact's optimization profile: the sizes its engine takes
     if runner.kind == "tensorrt":
-        _warn_outside_profile(folder, feeds)
+        profile = runner.manifest.get("optimization_profile") or {}
+    if not dims and profile:
+        dims = _opt_dims(profile)
+    feeds = make_inputs(runner.header, seed=seed, dim_values=dims, overrides=load_input_file(inputs))
+    _warn_outside_profile(profile, feeds)
     try:
         outputs = runner.run(feeds)
         for _ in range(max(warmup - 1, 0)):
@@ -219,13 +224,11 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     return runner.kind, outputs, times
 
 
-def _warn_outside_profile(folder: str, feeds: Mapping[str, np.ndarray]) -> None:
-    """Warn when an input's shape lies outside a TensorRT artifact's optimization profile: its
-    model.onnx runs here, but the engine would refuse that shape."""
-    import json
-
-    with open(os.path.join(folder, "manifest.json")) as f:
-        profile = json.load(f).get("optimization_profile") or {}
+def _warn_outside_profile(profile: Mapping[str, Dict[str, List[int]]],
+                          feeds: Mapping[str, np.ndarray]) -> None:
+    """Warn when an input's shape lies outside a TensorRT artifact's optimization ``profile`` (its
+    manifest's ``{input: {"min", "opt", "max"}}``): its model.onnx runs here, but the engine would
+    refuse that shape."""
     for name, rows in profile.items():
         shape = list(np.shape(feeds.get(name, ())))
         if len(shape) == len(rows["min"]) and not all(
@@ -238,10 +241,13 @@ def _warn_outside_profile(folder: str, feeds: Mapping[str, np.ndarray]) -> None:
 def profile_opt_dims(folder: str) -> Dict[str, int]:
     """A TensorRT artifact's optimization-profile OPT sizes as ``{"input[axis]": size}`` (the sizes
     its engine is tuned for: the default inputs of ``passctl run``)."""
-    import json
+    from passctl.targets.tvm.runtime import read_manifest
 
-    with open(os.path.join(folder, "manifest.json")) as f:
-        profile = json.load(f).get("optimization_profile") or {}
+    return _opt_dims(read_manifest(folder).get("optimization_profile") or {})
+
+
+def _opt_dims(profile: Mapping[str, Dict[str, List[int]]]) -> Dict[str, int]:
+    """The OPT rows of an optimization ``profile`` as ``{"input[axis]": size}``."""
     return {f"{name}[{axis}]": size for name, rows in profile.items()
             for axis, size in enumerate(rows["opt"])}
 
