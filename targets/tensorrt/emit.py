@@ -132,6 +132,10 @@ class TensorRTEmitter(Emitter):
         Raises:
             UserError: one line with what to do instead.
         """
+        self._check_target(target, engine_unavailable(target) if self.build else None)
+
+    def _check_target(self, target: TargetProfile, why: Optional[str]) -> None:
+        """:meth:`preflight`'s checks, given ``why`` no engine can be built here (None: it can)."""
         if not target.is_gpu:
             raise UserError(f"target '{target.name}': TensorRT runs on NVIDIA GPUs; give a GPU target "
                             "(a10, t4, l4, a100, h100, h200) or --emit onnxruntime / tvm for the CPU")
@@ -139,11 +143,9 @@ class TensorRTEmitter(Emitter):
             raise UserError(f"target '{target.name}': workspace_mb={self.workspace_mb} is more than "
                             f"its {target.memory_bytes / 1e9:g} GB of memory; give a smaller "
                             "workspace_mb, or 0 for TensorRT's default")
-        if self.build:
-            why = engine_unavailable(target)
-            if why is not None:
-                raise UserError(f"target '{target.name}': build=true, but {why}; drop build=true to "
-                                f"write everything up to the engine ({SCRIPT_FILE} builds it later)")
+        if self.build and why is not None:
+            raise UserError(f"target '{target.name}': build=true, but {why}; drop build=true to "
+                            f"write everything up to the engine ({SCRIPT_FILE} builds it later)")
 
     def check_passes(self, passes) -> None:
         """Refuse a ``quantize-int8`` that writes ONNX Runtime's uint8 form (zero point 128):
@@ -189,7 +191,8 @@ class TensorRTEmitter(Emitter):
                 provenance), or a dynamic input dim without a size range.
             EmitError: ONNX Runtime cannot load the written model, or the engine build failed.
         """
-        self.preflight(target)
+        why = engine_unavailable(target) if self.build is not False else "build=false"
+        self._check_target(target, why)
         warnings = check_support(model)
         for line in warnings:
             logger.warning("%s", line)
@@ -221,7 +224,6 @@ class TensorRTEmitter(Emitter):
                     f"{target.sm} GPU ({target.name}).\nset -euo pipefail\ncd \"$(dirname \"$0\")\"\n"
                     + " ".join(shlex.quote(a) for a in manifest["trtexec"]) + "\n")
         os.chmod(os.path.join(folder, SCRIPT_FILE), 0o755)
-        why = engine_unavailable(target) if self.build is not False else "build=false"
         if why is None:
             engine = build_engine(folder, manifest)
             manifest.update(engine=engine["file"], engine_build=engine)

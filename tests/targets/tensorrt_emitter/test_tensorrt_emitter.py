@@ -224,6 +224,21 @@ def test_emitter_options_and_refusals():
             TensorRTEmitter(build=True).preflight(get_target("h200"))
 
 
+def test_write_refuses_what_preflight_refuses(tmp_path):
+    """write() called without preflight (the Python API) applies the same refusals before writing."""
+    x = oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    y = oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
+    model = from_onnx(oh.make_model(oh.make_graph([oh.make_node("Relu", ["x"], ["y"])], "g",
+                                                  [x], [y]), opset_imports=[oh.make_opsetid("", 17)]))
+    with pytest.raises(UserError, match="TensorRT runs on NVIDIA GPUs"):
+        TensorRTEmitter(build=False).write(model, get_target("cpu"), str(tmp_path))
+    why = engine_unavailable(get_target("h200"))
+    if why is not None:
+        with pytest.raises(UserError, match="build=true, but " + why.split(" (")[0]):
+            TensorRTEmitter(build=True).write(model, get_target("h200"), str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
 def test_amp_layers_are_recorded_per_precision(tmp_path):
     """amp's fp16 layers reach precision.json as float16, the rest float32 (ONNX inference decides)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "passes", "precision"))
