@@ -226,11 +226,11 @@ def _checker_load_check(path: str, why: str, start: float) -> Dict[str, Any]:
     except Exception as e:  # ValidationError, InferenceError
         raise EmitError(f"the emitted model is not valid ONNX: {str(e).splitlines()[0]}") from e
     header = onnx.load(path, load_external_data=False)
+    weights = {t.name for t in header.graph.initializer}
     logger.info("ONNX Runtime's CPU provider has no kernel for this GPU artifact (%s); validated "
                 "with onnx.checker instead", why)
     return {"ok": True, "provider": None, "seconds": round(time.perf_counter() - start, 4),
-            "inputs": [i.name for i in header.graph.input
-                       if i.name not in {t.name for t in header.graph.initializer}],
+            "inputs": [i.name for i in header.graph.input if i.name not in weights],
             "outputs": [o.name for o in header.graph.output],
             "note": f"ONNX Runtime's CPU provider cannot run it ({why.split(' : ')[-1]}); "
                     "validated with onnx.checker (full check) instead"}
