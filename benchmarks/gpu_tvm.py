@@ -39,6 +39,7 @@ import traceback
 import numpy as np
 
 from passctl_path import ensure_passctl_importable, scratch_dir  # noqa: E402
+from tvm_baseline import cleaned_export, max_rel, tvm_default  # noqa: E402
 
 
 
@@ -98,53 +99,6 @@ def cuda_time(fn, sync, runs: int, warmup: int, repeats: int) -> float:
         end.synchronize()
         per.append(start.elapsed_time(end) / runs)
     return statistics.median(per)
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
-
-
-def tvm_default(onnx_path, feeds, arch):
-    """TVM 0.27's ONNX frontend + ``tvm.compile`` default pipeline (DLight on CUDA) on the raw export."""
-    import onnx
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
-
-    proto = onnx.load(onnx_path)
-    t0 = time.perf_counter()
-    mod = from_onnx(proto, shape_dict={k: list(v.shape) for k, v in feeds.items()},
-                    dtype_dict={k: str(v.dtype) for k, v in feeds.items()})
-    target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    ex = tvm.compile(mod, target=target)
-    compile_s = time.perf_counter() - t0
-    dev = tvm.cuda(0)
-    vm = relax.VirtualMachine(ex, dev)
-    args = [tvm.runtime.tensor(feeds[i.name], dev) for i in proto.graph.input
-            if i.name in feeds]
-
-    def call():
-        return vm["main"](*args)
-
-    out = call()
-    out = out[0] if not hasattr(out, "numpy") else out
-    return call, dev.sync, out.numpy(), compile_s
-
-
-def cleaned_export(onnx_path) -> str:
-    """The export after passctl ``cleanup,lower-tvm`` (folded shapes, scalar ConstantOfShape
-    rewritten), saved as ONNX: TVM's default pipeline can import BERT from it when the raw export
-    fails in its frontend (broadcast_to rank error)."""
-    from passctl.ir import load, save
-    from passctl.passes.manager import PassManager
-    from passctl.passes.pipeline_text import build_pipeline
-
-    model = load(onnx_path)
-    PassManager(build_pipeline("cleanup,lower-tvm", "h200", "tvm")).run(model)
-    out = onnx_path[:-5] + ".cleaned.onnx"
-    save(model, out)
-    return out
 
 
 AMP_REPORT = {}
@@ -211,10 +165,15 @@ CHILD_TIMEOUT_S = 240
 
 def run_tvm_variant(name: str, path: str, feeds, arch: str, profile: str):
     """Build and load one TVM variant; returns ``(call, sync, output, compile seconds)``."""
-    if name == "tvm default":
-        return tvm_default(path, feeds, arch)
-    if name == "tvm default (cleaned)":
-        return tvm_default(cleaned_export(path), feeds, arch)
+    if name.startswith("tvm default"):
+        import tvm
+
+        if name == "tvm default (cleaned)":  # next to the export: the children share it
+            path = cleaned_export(path, "h200", path[:-5] + ".cleaned.onnx")
+        dev = tvm.cuda(0)
+        target = tvm.target.Target({"kind": "cuda", "arch": arch})
+        call, out, compile_s = tvm_default(path, feeds, target, dev)
+        return call, dev.sync, out, compile_s
     pipeline, emitter = PASSCTL_VARIANTS[name]
     calib = os.path.join(os.path.dirname(path), "calib")
     return tvm_passctl(path, feeds, profile, pipeline.format(calib=calib), **emitter)
@@ -234,7 +193,7 @@ def child(args) -> int:
     call, sync, out, compile_s = run_tvm_variant(args.child, args.child_onnx, feeds, args.arch,
                                                  args.profile)
     ms = cuda_time(call, sync, args.runs, args.warmup, args.repeats)
-    result = {"ms": ms, "err": rel(out, ref), "compile_s": compile_s}
+    result = {"ms": ms, "err": max_rel(out, ref), "compile_s": compile_s}
     if AMP_REPORT:
         kept = [n for n in AMP_REPORT.get("nodes", []) if n.get("precision") == "fp32"]
         result["amp"] = {"low_nodes": AMP_REPORT.get("low_nodes"), "fp32_nodes": len(kept),
@@ -372,8 +331,8 @@ def main() -> int:
                         return m(**tfeeds).last_hidden_state
                 out = call().float().cpu().numpy()
                 ms = cuda_time(call, torch.cuda.synchronize, args.runs, args.warmup, args.repeats)
-                rows.append((label, name, ms, rel(out, ref32), 0.0, ""))
-                print(f"{label} {name}: {ms:.3f} ms, rel err {rel(out, ref32):.2e}", flush=True)
+                rows.append((label, name, ms, max_rel(out, ref32), 0.0, ""))
+                print(f"{label} {name}: {ms:.3f} ms, rel err {max_rel(out, ref32):.2e}", flush=True)
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 msg = (str(e).strip().splitlines() or [type(e).__name__])[-1]

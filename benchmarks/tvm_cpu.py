@@ -22,15 +22,12 @@ The table is printed last and written to ``benchmarks/results/tvm_cpu-<UTC date>
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import io
 import os
 import statistics
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
@@ -40,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))  # also loaded by path from tests/benchmarks
 from passctl_path import scratch_dir  # noqa: E402
+from tvm_baseline import cleaned_export, lower_tvm, max_rel, tvm_default  # noqa: E402
 
 MODELS: Dict[str, Tuple[str, Dict[str, int]]] = {
     "resnet50": ("zoo", {}),
@@ -84,37 +82,11 @@ def run_onnxruntime(path: str, feeds) -> Tuple[Callable, np.ndarray, float]:
 
 
 def run_tvm_default(path: str, feeds) -> Tuple[Callable, np.ndarray, float]:
-    import onnx
     import tvm
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
 
     from passctl.targets.tvm.support import host_cpu_target
 
-    start = time.perf_counter()
-    proto = onnx.load(path)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        mod = from_onnx(proto, shape_dict={k: list(v.shape) for k, v in feeds.items()},
-                        dtype_dict={k: str(v.dtype) for k, v in feeds.items()})
-    ex = tvm.compile(mod, target=tvm.target.Target(host_cpu_target()))
-    build = time.perf_counter() - start
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    names = [i.name for i in proto.graph.input if i.name in feeds]
-    args = [tvm.runtime.tensor(feeds[n]) for n in names]
-
-    def call():
-        return vm["main"](*args)
-
-    out = call()
-    out = out if hasattr(out, "numpy") else out[0]
-    return call, out.numpy(), build
-
-
-def lower_tvm(dims: Dict[str, int]) -> str:
-    """The ``lower-tvm`` pipeline step fixing the symbolic ``dims`` (``{name or input[axis]: size}``)."""
-    text = ",".join(f"{k}={v}" for k, v in dims.items())
-    return f'lower-tvm{{dims="{text}"}}' if dims else "lower-tvm"
+    return tvm_default(path, feeds, tvm.target.Target(host_cpu_target()), tvm.cpu(), quiet=True)
 
 
 def run_passctl_tvm(path: str, dims: Dict[str, int], feeds) -> Tuple[Callable, np.ndarray, float]:
@@ -132,25 +104,6 @@ def run_passctl_tvm(path: str, dims: Dict[str, int], feeds) -> Tuple[Callable, n
     art = load_artifact(folder)
     build = time.perf_counter() - start
     return art.bind(feeds), next(iter(art.run(feeds).values())), build
-
-
-def cleaned(path: str, dims: Dict[str, int]) -> str:
-    """``path`` after passctl ``cleanup,lower-tvm{dims}`` (shapes folded, scalar ConstantOfShape
-    rewritten), saved as ONNX, for TVM's default pipeline when the raw file fails to import."""
-    from passctl.ir import load, save
-    from passctl.passes.manager import PassManager
-    from passctl.passes.pipeline_text import build_pipeline
-
-    model = load(path)
-    PassManager(build_pipeline("cleanup," + lower_tvm(dims), "cpu", "tvm")).run(model)
-    out = os.path.join(scratch_dir("tvm-cpu-"), "cleaned.onnx")
-    save(model, out)
-    return out
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
 
 
 def bench(model_ids: List[str], runs: int) -> List[tuple]:
@@ -171,14 +124,16 @@ def bench(model_ids: List[str], runs: int) -> List[tuple]:
                 elif variant == "tvm default":
                     call, out, build = run_tvm_default(path, feeds)
                 elif variant == "tvm default (cleaned)":
-                    call, out, build = run_tvm_default(cleaned(path, dims), feeds)
+                    cleaned = cleaned_export(path, "cpu", os.path.join(scratch_dir("tvm-cpu-"), "cleaned.onnx"),
+                                             dims)
+                    call, out, build = run_tvm_default(cleaned, feeds)
                 else:
                     call, out, build = run_passctl_tvm(path, dims, feeds)
                 ms = statistics.median(time_ms(call, runs))
                 if variant == "onnxruntime":
                     ort_ms, ref = ms, out
                 ratio = ms / ort_ms if ort_ms else float("nan")
-                err = rel(out, ref) if ref is not None else float("nan")
+                err = max_rel(out, ref) if ref is not None else float("nan")
                 rows.append((model_id, variant, ms, ratio, err, build, ""))
             except Exception as e:  # noqa: BLE001 (a failing variant is a result)
                 msg = (str(e).strip().splitlines() or [type(e).__name__])[-1][:110]
