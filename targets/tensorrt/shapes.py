@@ -13,7 +13,6 @@ Range = Tuple[int, int, int]
 Profile = Dict[str, Dict[str, List[int]]]
 
 _OWNER = "tensorrt{shapes=...}"
-_POSITIONAL = re.compile(r"^(?P<input>.+)\[(?P<axis>\d+)\]$")
 
 
 def parse_shape_ranges(text: str) -> Dict[str, Range]:
