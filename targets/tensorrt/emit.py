@@ -197,7 +197,7 @@ class TensorRTEmitter(Emitter):
         for line in warnings:
             logger.warning("%s", line)
         profile = optimization_profile(model, self.ranges)
-        path, nbytes, external = write_onnx(model, folder, self.external_data_threshold)
+        path, nbytes, _ = write_onnx(model, folder, self.external_data_threshold)
         load = load_check(path, gpu=True)
         manifest: Dict[str, Any] = {
             "schema": MANIFEST_SCHEMA,
