@@ -233,15 +233,20 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _compile_fitting(lib: TritonLibrary, fn, pointers: Dict[str, str],
-                     constexprs: Callable[[Dict[str, int]], Dict[str, Any]], first: Dict[str, int],
-                     candidates: Sequence[Dict[str, int]], what: str) -> Tuple[Kernel, Dict[str, int]]:
-    """Compile configuration ``first`` or, when it needs more shared memory than the device has,
-    the same tiles with fewer pipeline stages, then the other candidates in order (as Triton's
-    autotuner drops configurations that do not fit); returns the kernel and its configuration.
+                     constexprs: Callable[[Dict[str, int]], Dict[str, Any]],
+                     candidates: Sequence[Dict[str, int]],
+                     grid_of: Callable[[Dict[str, int]], int],
+                     bench: Optional[Callable[[Dict[str, int]], float]],
+                     what: str) -> Tuple[Kernel, Dict[str, int]]:
+    """Compile the candidate :meth:`TritonLibrary._pick` chooses (``grid_of`` / ``bench`` as
+    there) or, when it needs more shared memory than the device has, the same tiles with fewer
+    pipeline stages, then the other candidates in order (as Triton's autotuner drops
+    configurations that do not fit); returns the kernel and its configuration.
 
     Raises:
         ValueError: no candidate fits the device's shared memory.
     """
+    first = lib._pick(candidates, grid_of, bench)
     for c in [first] + [x for x in candidates if x != first]:
         needed = None
         for stages in range(c["num_stages"], 0, -1):

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
@@ -97,10 +98,10 @@ def gemm_kernel_for(lib: TritonLibrary, spec: GemmSpec) -> Tuple[Kernel, Tuple[i
                                                    num_stages=c["num_stages"])
         return triton.testing.do_bench(run, warmup=5, rep=20)
 
-    c = lib._pick(_gemm_candidates(spec.dtype, precision), grid_of, bench)
     pointers = {p: spec.dtype for p in ("a_ptr", "b_ptr", "bias_ptr", "res_ptr", "c_ptr")}
-    kernel, c = _compile_fitting(lib, gemm_kernel, pointers, constexprs, c,
-                                 _gemm_candidates(spec.dtype, precision), spec.label())
+    kernel, c = _compile_fitting(lib, gemm_kernel, pointers, constexprs,
+                                 _gemm_candidates(spec.dtype, precision), grid_of, bench,
+                                 spec.label())
     return kernel, (grid_of(c), 1, 1)
 
 
@@ -175,8 +176,11 @@ def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kerne
                 "BLOCK_D": max(16, 1 << (spec.d - 1).bit_length()),
                 "BLOCK_DV": max(16, 1 << (spec.dv - 1).bit_length())}
 
+    def grid(c):  # one program per BLOCK_M query rows of one (batch, head)
+        return _cdiv(spec.s, c["BLOCK_M"]), spec.b * spec.h, 1
+
     def grid_of(c):
-        return _cdiv(spec.s, c["BLOCK_M"]) * spec.b * spec.h
+        return math.prod(grid(c))
 
     def bench(c):
         import torch
@@ -191,19 +195,18 @@ def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kerne
         mask = (torch.zeros(spec.mask_shape, device="cuda",
                             dtype=getattr(torch, spec.mask_dtype)) if spec.mask_kind else o)
         args = constexprs(c)
-        run = lambda: attention_kernel[(_cdiv(spec.s, c["BLOCK_M"]), spec.b * spec.h)](  # noqa: E731
+        run = lambda: attention_kernel[grid(c)](  # noqa: E731
             q, k, v, mask, o, **args, num_warps=c["num_warps"], num_stages=c["num_stages"])
         return triton.testing.do_bench(run, warmup=5, rep=20)
 
-    c = lib._pick(_attention_candidates(spec.d), grid_of, bench)
     pointers = {"q_ptr": spec.dtype, "k_ptr": spec.dtype, "v_ptr": spec.dtype,
                 "mask_ptr": spec.mask_dtype if spec.mask_kind else spec.dtype, "o_ptr": spec.dtype}
     what = (f"attention B{spec.b} H{spec.h}/{spec.kvh} S{spec.s} T{spec.t} D{spec.d} {spec.dtype}"
             + (" causal" if spec.causal else "") + (" +mask" if spec.mask_kind else "")
             + (" BSHD in" if any(spec.bshd) else ""))
-    kernel, c = _compile_fitting(lib, attention_kernel, pointers, constexprs, c,
-                                 _attention_candidates(spec.d), what)
-    return kernel, (_cdiv(spec.s, c["BLOCK_M"]), spec.b * spec.h, 1)
+    kernel, c = _compile_fitting(lib, attention_kernel, pointers, constexprs,
+                                 _attention_candidates(spec.d), grid_of, bench, what)
+    return kernel, grid(c)
 
 
 __all__ = ["AttentionSpec", "GemmSpec", "attention_kernel_for", "gemm_kernel_for"]
