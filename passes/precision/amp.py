@@ -191,13 +191,13 @@ class MixedPrecision(Pass):
         o = self.options
         nodes = list(model.graph)
         feeds = calibration_inputs(model, o.calib, o.samples, o.seed, parse_dims(o.dims))
-        try:
-            reference = run_model(model, feeds)
-        except Exception as e:  # the user's model or feeds, before passctl added anything
+        try:  # the float32 outputs come from the measuring session (m.reference)
+            m = measure(model, compute, low, feeds)
+        except Exception as e:  # the user's model or feeds: measure only adds probes
             raise UserError(f"amp: ONNX Runtime cannot run the float32 model on the calibration feeds "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:300]}); fix the feeds "
                             "(calib=, dims=) or use measure=false for rules only") from e
-        m = measure(model, compute, low, feeds)
+        reference = m.reference
         stats["measure_seconds"] = round(m.seconds, 3)
         stats["calibration_feeds"] = len(feeds)
         limit = finite_max(low)

@@ -253,6 +253,8 @@ class Measurement:
             computed and kept in float32): how much the node suffers when its producers are low,
             e.g. a Sub of two nearly equal values.
         seconds: wall time of the run, including building the session.
+        reference: per feed, the float32 model's outputs ``{graph output name: array}`` (the same
+            session computes them, so the caller needs no separate reference run).
     """
 
     absmax: Dict[str, float] = field(default_factory=dict)
@@ -261,6 +263,7 @@ class Measurement:
     input_max_rel: Dict[int, float] = field(default_factory=dict)
     input_mean_rel: Dict[int, float] = field(default_factory=dict)
     seconds: float = 0.0
+    reference: List[Dict[str, np.ndarray]] = field(default_factory=list)
 
 
 def measure(model: Model, candidates: Sequence[int], low: DataType, feeds: Feeds) -> Measurement:
@@ -270,7 +273,11 @@ def measure(model: Model, candidates: Sequence[int], low: DataType, feeds: Feeds
     and for each candidate node (by position in ``model.graph``) a clone reading its float inputs
     rounded to ``low`` (``Cast(Cast(x, low), float)``) whose first output, rounded the same way, is
     compared with the float32 output (``ReduceMax`` and ``ReduceSum`` of the absolute difference). The
-    outputs are scalars only, so one run covers all nodes whatever the model size.
+    added outputs are scalars only, so one run covers all nodes whatever the model size; the graph's
+    own outputs stay, giving :attr:`Measurement.reference`.
+
+    Raises:
+        Exception: whatever ONNX Runtime raises when the model does not run on the feeds.
     """
     start = time.perf_counter()
     work = clone_model(model)
@@ -325,9 +332,10 @@ def measure(model: Model, candidates: Sequence[int], low: DataType, feeds: Feeds
                         keepdims=0))
         outputs += names
         probes[p] = tuple(v.name for v in names)
-    graph.outputs = outputs
+    originals = [v.name for v in graph.outputs]
+    graph.outputs = list(graph.outputs) + outputs
     results = run_model(work, feeds)
-    m = Measurement()
+    m = Measurement(reference=[{k: r[k] for k in originals} for r in results])
     for name, out in range_names.items():
         values = [float(r[out]) for r in results if np.isfinite(r[out])]
         m.absmax[name] = max(values) if values else 0.0
