@@ -52,20 +52,22 @@ def target_support(target: TargetProfile) -> Dict[str, Any]:
             "emulated": False}
 
 
-def parse_dims(text: str) -> Dict[str, int]:
+def parse_dims(text: str, owner: str = "amp") -> Dict[str, int]:
     """``"batch=1,sequence=64"`` -> ``{"batch": 1, "sequence": 64}``.
 
     Raises:
         UserError: an entry is not ``name=integer`` with an integer of at least 1 (a size 0 gives
-            empty calibration tensors, whose error reads 0).
+            empty calibration tensors, whose error reads 0); ``owner`` (the pass name) starts the
+            message.
     """
     dims: Dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.replace(";", ",").split(","))):
         name, _, value = part.partition("=")
         if not value.strip().isdigit():
-            raise UserError(f"amp: dims entry '{part}' is not name=integer (e.g. dims=sequence=64)")
+            raise UserError(f"{owner}: dims entry '{part}' is not name=integer (e.g. "
+                            "dims=sequence=64)")
         if int(value) < 1:
-            raise UserError(f"amp: dims entry '{part}': a size must be at least 1 (e.g. "
+            raise UserError(f"{owner}: dims entry '{part}': a size must be at least 1 (e.g. "
                             f"dims={name.strip()}=1)")
         dims[name.strip()] = int(value)
     return dims

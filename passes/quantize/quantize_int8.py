@@ -283,7 +283,7 @@ class QuantizeInt8(Pass):
                            "runs": len(result.history) + len(alone),
                            "history": [[k, _round(e)] for k, e in result.history]}
         if result.count == len(ranking):
-            note = random_feeds_note(model, o.calib, parse_dims(o.dims))
+            note = random_feeds_note(model, o.calib, parse_dims(o.dims, self.name))
             others = list((skipped or {}).values())
             already = sum(s.precision == "int8" for s in others)
             done = f"; {already} other layers were already quantized" if already else ""
@@ -297,14 +297,8 @@ class QuantizeInt8(Pass):
 
     def _feeds(self, model: Model):
         o = self.options
-        try:
-            return calibration_inputs(model, o.calib, o.samples, o.seed, parse_dims(o.dims),
-                                      owner=self.name)
-        except UserError as e:  # amp's parse_dims words its errors for amp
-            text = str(e)
-            if not text.startswith("amp: "):
-                raise
-            raise UserError(f"quantize-int8: {text[len('amp: '):]}") from e
+        return calibration_inputs(model, o.calib, o.samples, o.seed,
+                                  parse_dims(o.dims, self.name), owner=self.name)
 
 
 def _skipped_stats(skipped: Dict[str, Skipped], entries: Optional[List[Dict[str, Any]]] = None
