@@ -41,9 +41,15 @@ def raise_opset(model: Model, opset: int) -> int:
     for n in new.graph:
         if n.name in provenance:
             n.provenance = provenance[n.name]
-    model.graph = new.graph
-    model.opset_imports = new.opset_imports
-    model.ir_version = new.ir_version
-    model.functions = new.functions
+    adopt(model, new)
     logger.info("quantize-int8: opset raised from %d to %d", old, opset)
     return old
+
+
+def adopt(model: Model, source: Model) -> None:
+    """Put ``source``'s graph, opset imports, IR version and functions into ``model`` (in place:
+    the caller's ``Model`` object stays the one it holds)."""
+    model.graph = source.graph
+    model.opset_imports = source.opset_imports
+    model.ir_version = source.ir_version
+    model.functions = source.functions

@@ -19,7 +19,7 @@ from passctl.passes.precision.sensitivity import (calibration_inputs, check_sear
 from passctl.passes.quantize.calibrate import Sensitivity, calibrate, sensitivity
 from passctl.passes.quantize.layers import (QUANTIZABLE, QuantLayer, Skipped, find_layers,
                                             quantizable_nodes)
-from passctl.passes.quantize.opset import raise_opset
+from passctl.passes.quantize.opset import adopt, raise_opset
 from passctl.passes.quantize.qdq import QDQ_MIN_OPSET, WeightCache, apply_qdq
 from passctl.passes.quantize.unfuse import unfuse_conv
 from passctl.passes.registry import register_pass
@@ -195,7 +195,7 @@ class QuantizeInt8(Pass):
             layers, skipped = find_layers(model.graph, exclude)
         if not layers:
             stats.pop("fusedconv_split", None)
-            _restore(model, original)
+            adopt(model, original)
             stats.update(quantized_layers=0, error=0.0, **_skipped_stats(skipped))
             _warn_nothing_to_quantize(skipped)
             return PassResult(False, stats)
@@ -227,7 +227,7 @@ class QuantizeInt8(Pass):
         if not quantized:  # every layer float32: the graph as it came (no opset raise, no split)
             stats.pop("fusedconv_split", None)
             stats.pop("opset_raised", None)
-            _restore(model, original)
+            adopt(model, original)
         added = apply_qdq(model, quantized, scales, cache, unsigned, outputs)
         entries: List[Dict[str, Any]] = []
         for l in sorted(layers, key=lambda l: l.position):
@@ -323,14 +323,6 @@ def _warn_nothing_to_quantize(skipped: Dict[str, Skipped]) -> None:
                        "DequantizeLinear); nothing to do", len(skipped))
     else:
         logger.info("quantize-int8: no layer to quantize")
-
-
-def _restore(model: Model, original: Model) -> None:
-    """Put ``original``'s graph, opset imports, IR version and functions back into ``model``."""
-    model.graph = original.graph
-    model.opset_imports = original.opset_imports
-    model.ir_version = original.ir_version
-    model.functions = original.functions
 
 
 def _round(x: float) -> Any:
