@@ -577,86 +577,129 @@ def _run_check(reference: str, candidate: str, args, dims, overrides) -> Dict[st
     Raises:
         UserError: the original model itself fails on the inputs (sizes that do not fit it).
     """
-    from passctl.targets.tensorrt import is_tensorrt_artifact
-    from passctl.targets.tvm.runtime import is_tvm_artifact, load_artifact, read_manifest
-    from passctl.tools.check import compare, make_inputs, run_onnxruntime
-    from passctl.tools.inputs import plan_inputs
+    from passctl.targets.tvm.runtime import is_tvm_artifact
+    from passctl.tools.check import compare
+    from passctl.tools.inputs import draw_inputs, plan_inputs
 
-    given = dict(dims)
     folder = os.path.dirname(candidate)
     tvm = is_tvm_artifact(folder)
+    plan = plan_inputs(reference, dim_values=_candidate_dims(folder, candidate, dims, tvm),
+                       overrides=overrides)
+    sources = {k: "artifact" if v == "given" and k not in dims else v
+               for k, v in plan.dim_sources.items()}
+    inputs = draw_inputs(plan, args.seed)
+    want = _run_original(reference, inputs)
+    warnings = _vacuous_check_warnings(want, args.atol, plan.dims, sources, overrides)
+    level = _session_optimization(folder)
+    result = compare(want, _run_candidate(folder, candidate, inputs, tvm, level))
+    entry = _judge(result, args.check_bounds, args.atol)
+    single = [name for name, a in want.items() if getattr(a, "size", 0) == 1]
+    if single and any(m == "cosine" for m, _, _ in args.check_bounds):
+        warnings.append(f"--check: metric=cosine does not bound {', '.join(map(repr, single))}: "
+                        "the cosine of two one-element outputs is 1 whatever their values; use "
+                        "metric=mean-rel or max-rel for such outputs")
+    entry.update(
+        seed=args.seed, optimization=level or ("tvm" if tvm else "ORT_DISABLE_ALL"),
+        dims=plan.dims, dims_source=sources, overridden=sorted(overrides),
+        inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)}
+                for k, v in inputs.items()],
+        warnings=warnings)
+    return entry
+
+
+def _candidate_dims(folder: str, candidate: str, dims: Dict[str, int],
+                    tvm: bool) -> Dict[str, int]:
+    """The sizes the check's inputs take: ``dims`` (``--dim``), else a TensorRT artifact's
+    optimization profile OPT sizes; plus a TVM artifact's static manifest shapes, or the sizes
+    ``candidate`` (``model.onnx``) declares fixed (a pass such as ``lower-tvm{dims=...}`` fixed them:
+    the only ones it runs with)."""
+    from passctl.targets.tensorrt import is_tensorrt_artifact
+
     if not dims and is_tensorrt_artifact(folder):  # the sizes its engine is tuned for
         from passctl.tools.run_artifact import profile_opt_dims
 
         dims = profile_opt_dims(folder)
     if tvm:  # a TVM artifact has static input shapes: the check uses them (H12, additive)
-        dims = dict(dims, **{f"{i['name']}[{axis}]": int(n) for i in read_manifest(folder)["inputs"]
+        from passctl.targets.tvm.runtime import read_manifest
+
+        return dict(dims, **{f"{i['name']}[{axis}]": int(n) for i in read_manifest(folder)["inputs"]
                              for axis, n in enumerate(i["shape"])})
-    else:  # dims a pass fixed (lower-tvm{dims=...}) are the only ones the candidate runs with
-        import onnx
+    import onnx
 
-        from passctl.tools.inputs import graph_inputs
+    from passctl.tools.inputs import graph_inputs
 
-        header = onnx.load(candidate, load_external_data=False)
-        dims = dict(dims, **{f"{i.name}[{axis}]": int(d.dim_value) for i in graph_inputs(header)
-                             for axis, d in enumerate(i.type.tensor_type.shape.dim)
-                             if d.HasField("dim_value") and d.dim_value > 0})
-    plan = plan_inputs(reference, dim_values=dims, overrides=overrides)
-    sources = {k: "artifact" if v == "given" and k not in given else v
-               for k, v in plan.dim_sources.items()}
-    inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
+    header = onnx.load(candidate, load_external_data=False)
+    return dict(dims, **{f"{i.name}[{axis}]": int(d.dim_value) for i in graph_inputs(header)
+                         for axis, d in enumerate(i.type.tensor_type.shape.dim)
+                         if d.HasField("dim_value") and d.dim_value > 0})
+
+
+def _run_original(reference: str, inputs: Dict[str, Any]) -> Dict[str, Any]:
+    """The original's outputs on ``inputs``, run in ONNX Runtime (optimizations off).
+
+    Raises:
+        UserError: the original model fails on ``inputs`` (sizes that do not fit it).
+    """
+    from passctl.tools.check import run_onnxruntime
+
     try:
-        want = run_onnxruntime(reference, inputs)
+        return run_onnxruntime(reference, inputs)
     except Exception as e:  # noqa: BLE001  (ORT's Fail / InvalidArgument / RuntimeException)
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f"--check: the original model fails on the seeded inputs ({shapes}): "
-                        f"{first}; give sizes that fit with --dim NAME=SIZE or arrays with "
+                        f"{_one_line(e)}; give sizes that fit with --dim NAME=SIZE or arrays with "
                         "--inputs FILE.npz") from e
-    warnings = _vacuous_check_warnings(want, args.atol, plan.dims, sources, overrides)
-    level = _session_optimization(folder)
+
+
+def _run_candidate(folder: str, candidate: str, inputs: Dict[str, Any], tvm: bool,
+                   level: Optional[str]) -> Dict[str, Any]:
+    """The artifact's outputs on ``inputs``: in ``tvm.runtime`` for a TVM artifact, else
+    ``candidate`` in ONNX Runtime's CPU provider at ``level`` (unoptimized when ``None``).
+
+    Raises:
+        UserError: the CPU provider has no kernel for a low-precision op of the artifact.
+    """
+    from passctl.targets.tvm.runtime import load_artifact
+    from passctl.tools.check import run_onnxruntime
+
     try:
-        got = (load_artifact(folder).run(inputs) if tvm else
-               run_onnxruntime(candidate, inputs, optimize=level or False))
+        return (load_artifact(folder).run(inputs) if tvm else
+                run_onnxruntime(candidate, inputs, optimize=level or False))
     except Exception as e:  # noqa: BLE001  (ORT's NotImplemented and siblings)
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = _one_line(e)
         if tvm or "NOT_IMPLEMENTED" not in first:
             raise
         raise UserError(f"--check runs the artifact on ONNX Runtime's CPU provider, which cannot "
                         f"run it ({first.split(' : ')[-1]}: a low-precision kernel that CUDA and "
                         "TensorRT have and the CPU lacks); drop --check here, or check with "
                         "amp{emulate=true} (low-precision rounding computed in float32)") from e
-    result = compare(want, got)
-    bounds = args.check_bounds
+
+
+def _judge(result, bounds: List[Tuple[str, float, str]], atol: float) -> Dict[str, Any]:
+    """``result`` (a :class:`passctl.tools.check.CheckResult`) judged under every bound
+    ``(metric, rtol, source)``: its ``to_dict`` under the first, each output's ``ok``, and ``ok``,
+    ``bounds``, ``atol``, ``max_abs``, ``max_rel``, ``failures``, ``passed_on_atol``,
+    ``metric_error`` of the check's report entry."""
     entry = result.to_dict(bounds[0][1], bounds[0][0])
     finite = [o for o in result.outputs.values() if o.problem is None]
-    single = [name for name, a in want.items() if getattr(a, "size", 0) == 1]
-    if single and any(m == "cosine" for m, _, _ in bounds):
-        warnings.append(f"--check: metric=cosine does not bound {', '.join(map(repr, single))}: "
-                        "the cosine of two one-element outputs is 1 whatever their values; use "
-                        "metric=mean-rel or max-rel for such outputs")
 
     def passes(diff, atol: float) -> bool:
         return all(diff.ok(r, atol, m) for m, r, _ in bounds)
 
     for diff, item in zip(result.outputs.values(), entry["outputs"]):
-        item["ok"] = passes(diff, args.atol)
+        item["ok"] = passes(diff, atol)
     failures: List[str] = []
     for m, r, _ in bounds:
-        failures += [f for f in result.failures(r, args.atol, m) if f not in failures]
-    checked = [{"metric": m, "rtol": r, "source": src, "ok": result.ok(r, args.atol, m),
+        failures += [f for f in result.failures(r, atol, m) if f not in failures]
+    checked = [{"metric": m, "rtol": r, "source": src, "ok": result.ok(r, atol, m),
                 "error": max((o.error(m) for o in finite), default=0.0)} for m, r, src in bounds]
     entry.update(
-        ok=all(b["ok"] for b in checked), bounds=checked, atol=args.atol, seed=args.seed,
-        optimization=level or ("tvm" if tvm else "ORT_DISABLE_ALL"), dims=plan.dims,
-        dims_source=sources, overridden=sorted(overrides),
-        inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)}
-                for k, v in inputs.items()],
+        ok=all(b["ok"] for b in checked), bounds=checked, atol=atol,
         max_abs=max((o.max_abs for o in finite), default=0.0),
         max_rel=result.max_rel if result.max_rel != float("inf") else "inf",
-        failures=failures, warnings=warnings,
+        failures=failures,
         passed_on_atol=[d.name for d in result.outputs.values()
-                        if passes(d, args.atol) and not passes(d, 0.0)],
+                        if passes(d, atol) and not passes(d, 0.0)],
         metric_error=checked[0]["error"])
     return entry
 

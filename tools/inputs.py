@@ -260,10 +260,32 @@ def make_inputs(model: Union[onnx.ModelProto, str], seed: int = 0,
             an input without an override is a string, a non-tensor, or has no declared shape, or
             the inputs do not fit in memory (see :func:`plan_inputs`).
     """
+    _check_seed(seed)
+    return draw_inputs(plan_inputs(model, dim_values, overrides), seed)
+
+
+def _check_seed(seed: int) -> None:
+    """Refuse a negative seed (``numpy.random.default_rng`` would), as a UserError."""
     if int(seed) < 0:
         raise UserError(f"seed {seed}: a seed must be >= 0 (numpy.random.default_rng refuses "
                         "negative seeds); give --seed 0 or another integer >= 0")
-    plan = plan_inputs(model, dim_values, overrides)
+
+
+def draw_inputs(plan: "InputPlan", seed: int = 0) -> Dict[str, np.ndarray]:
+    """The arrays :func:`make_inputs` returns, drawn from an already resolved :func:`plan_inputs`
+    (so a caller that reports the plan does not resolve it twice).
+
+    Args:
+        plan: The :class:`InputPlan` of the model's graph inputs.
+        seed: Seed of ``numpy.random.default_rng`` (values drawn in graph-input order).
+
+    Returns:
+        ``{input name: array}`` for every graph input, in graph order (override arrays as given).
+
+    Raises:
+        UserError: ``seed`` is negative, or an array does not fit in memory.
+    """
+    _check_seed(seed)
     rng = np.random.default_rng(seed)
     result: Dict[str, np.ndarray] = {}
     for name, value in plan.arrays.items():
