@@ -133,3 +133,27 @@ def test_cosine_bound_warns_about_one_element_outputs(cli, tmp_path):
     assert "metric=cosine does not bound 'y'" in r.err
     assert any("metric=cosine does not bound 'y'" in w
                for w in _check(tmp_path / "out")["warnings"])
+
+
+def test_check_with_check_each_runs_the_original_once(cli, convs, tmp_path, monkeypatch):
+    # --check reuses --check-each's run of the original on the same seeded inputs; its entry is the
+    # one --check alone writes
+    import passctl.tools.check as check_module
+
+    alone = tmp_path / "alone"
+    assert cli(convs, "--pipeline", "quantize", "--check", "-o", alone, "-q").rc == 0
+    runs = []
+    real = check_module.run_onnxruntime
+
+    def counting(model, inputs, **kw):
+        runs.append(model)
+        return real(model, inputs, **kw)
+
+    monkeypatch.setattr(check_module, "run_onnxruntime", counting)
+    both = tmp_path / "both"
+    r = cli(convs, "--pipeline", "quantize", "--check", "--check-each", "-o", both, "-q")
+    assert r.rc == 0, r.err
+    assert [str(m) for m in runs].count(str(convs)) == 1, runs
+    assert _check(both) == _check(alone)
+    check = _check(both)
+    assert check["metric_error"] == pytest.approx(_errors(convs, both)[check["metric"]], rel=1e-6)
