@@ -265,11 +265,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as e:  # --help / --version
         return int(e.code or 0)
     except UserError as e:
-        print(f"passctl: error: {_one_line(e)}", file=sys.stderr)
+        print(f"passctl: error: {one_line(e)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except InternalError as e:
         kind = "" if isinstance(e, CheckFailed) else "internal error: "
-        print(f"passctl: {kind}{_one_line(e)}", file=sys.stderr)
+        print(f"passctl: {kind}{one_line(e)}", file=sys.stderr)
         if e.reproducer:
             print(f"passctl: reproducer: {e.reproducer}", file=sys.stderr)
         return EXIT_INTERNAL_ERROR
@@ -281,7 +281,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             discard_stdout()  # the reader closed stdout early (`passctl list-passes | head -1`)
             return EXIT_OK
         traceback.print_exc()
-        print(f"passctl: internal error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        print(f"passctl: internal error: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
         err.print("please report it with the command above", style="dim")
         return EXIT_INTERNAL_ERROR
 
@@ -316,7 +316,8 @@ def discard_stdout() -> None:
         pass
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
+    """The first line of ``e``'s message (its type name when empty), for one-line errors."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 

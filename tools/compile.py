@@ -13,6 +13,7 @@ import traceback
 from typing import Any, Dict, List, Optional, Tuple
 
 from passctl.ir.errors import UserError
+from passctl.tools.cli import one_line
 from passctl.tools.model_source import IR_TEXT_SUFFIX, load_model
 from passctl.tools.report import (REPORT_SCHEMA, DelayedProgress, count_nodes, op_histogram,
                                   print_summary, write_report)
@@ -88,25 +89,19 @@ def load_input_file(path: Optional[str]) -> Dict[str, Any]:
                     if "allow_pickle" in str(e) or "pickled" in str(e):
                         problem = "holds Python objects (dtype object)"
                     else:
-                        problem = f"is not a numeric .npy array ({_one_line(e)})"
+                        problem = f"is not a numeric .npy array ({one_line(e)})"
                     raise UserError(f"--inputs '{path}': array '{name}' {problem}; save numeric "
                                     f"arrays instead: {how}") from e
                 except (OSError, EOFError, zipfile.BadZipFile) as e:
                     raise UserError(f"--inputs '{path}': array '{name}' is damaged "
-                                    f"({_one_line(e)}); {how}") from e
+                                    f"({one_line(e)}); {how}") from e
     except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise UserError(f"--inputs '{path}': not a readable .npz archive ({_one_line(e)}); "
+        raise UserError(f"--inputs '{path}': not a readable .npz archive ({one_line(e)}); "
                         f"{how}") from e
     if not arrays:
         raise UserError(f"--inputs '{path}' holds no arrays (random inputs would be used "
                         f"instead); {how}")
     return arrays
-
-
-def _one_line(e: BaseException) -> str:
-    """The first line of ``e``'s message (its type name when empty)."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 class _ProgressInstrument:
@@ -660,7 +655,7 @@ def _run_original(reference: str, inputs: Dict[str, Any],
     except Exception as e:  # noqa: BLE001  (ORT's Fail / InvalidArgument / RuntimeException)
         shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
         raise UserError(f"--check: the original model fails on the seeded inputs ({shapes}): "
-                        f"{_one_line(e)}; give sizes that fit with --dim NAME=SIZE or arrays with "
+                        f"{one_line(e)}; give sizes that fit with --dim NAME=SIZE or arrays with "
                         "--inputs FILE.npz") from e
 
 
@@ -679,7 +674,7 @@ def _run_candidate(folder: str, candidate: str, inputs: Dict[str, Any], tvm: boo
         return (load_artifact(folder).run(inputs) if tvm else
                 run_onnxruntime(candidate, inputs, optimize=level or False))
     except Exception as e:  # noqa: BLE001  (ORT's NotImplemented and siblings)
-        first = _one_line(e)
+        first = one_line(e)
         if tvm or "NOT_IMPLEMENTED" not in first:
             raise
         raise UserError(f"--check runs the artifact on ONNX Runtime's CPU provider, which cannot "
