@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import time
 import warnings
 from typing import Callable, Dict, Optional, Tuple
@@ -14,10 +15,12 @@ import numpy as np
 
 def max_rel(out, ref) -> float:
     """``max |out - ref| / max |ref|`` in float64 (:class:`passctl.tools.check.OutputDiff`'s
-    ``max_rel``), the error column of the TVM benchmark tables."""
+    ``max_rel``), the error column of the TVM benchmark tables; nan when the NaN / inf positions
+    differ."""
     from passctl.tools.check import compare
 
-    return compare({"y": ref}, {"y": out}).outputs["y"].max_rel
+    diff = compare({"y": ref}, {"y": out}).outputs["y"]
+    return math.nan if diff.nonfinite_mismatch else diff.max_rel  # NaN outputs show as nan
 
 
 def tvm_default(onnx_path: str, feeds: Dict[str, np.ndarray], target, device,
