@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from typing import Dict
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from passctl.ir import Model, from_onnx
 from passctl.targets import get_target
 from passctl.targets.tvm import TvmEmitter, load_artifact
+from passctl.tools.check import compare, run_onnxruntime
 
 
 def emit_tvm(model: Model, out, target: str = "cpu", self_check: bool = True) -> dict:
@@ -26,15 +27,14 @@ def run_tvm(folder, feeds: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
 
 
 def run_ort(proto: onnx.ModelProto, feeds) -> Dict[str, np.ndarray]:
-    """Outputs of ``proto`` in ONNX Runtime (CPU), by output name."""
-    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    """Outputs of ``proto`` in ONNX Runtime (CPU, graph optimizations off), by output name."""
+    return run_onnxruntime(proto, feeds)
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| / max |b| (the relative error of passctl's --check)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+    """max |a - b| / max |b| (the relative error of passctl's --check: ``compare``'s max_rel)."""
+    diff = compare({"y": b}, {"y": a}).outputs["y"]
+    return math.inf if diff.nonfinite_mismatch else diff.max_rel  # a NaN where b has none fails
 
 
 def run_cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
