@@ -86,7 +86,8 @@ def print_summary(console, report: Dict[str, Any]) -> None:
 
     Shows the passes that changed the model with their scalar statistics (:func:`stats_text`; the
     table is at most :data:`TABLE_WIDTH` columns wide, longer statistics wrap), the node counts before
-    and after, the check's worst errors, the total time and where the artifact is.
+    and after, the check's worst errors under each of its ``bounds``, the total time and where the
+    artifact is. ``report``: the one :func:`passctl.tools.compile.run_compile` just built.
     """
     from rich.table import Table
 
@@ -111,12 +112,11 @@ def print_summary(console, report: Dict[str, Any]) -> None:
     check = report.get("check")
     if check is not None and check["outputs"]:
         worst = max(check["outputs"], key=lambda o: float(o["max_rel"]))
-        sources = check.get("dims_source") or {}
-        defaults = [f"{k}={v}" for k, v in (check.get("dims") or {}).items()
-                    if sources.get(k) == "default"]
+        defaults = [f"{k}={v}" for k, v in check["dims"].items()
+                    if check["dims_source"].get(k) == "default"]
         note = (f"; default sizes {', '.join(defaults)} (set them with --dim NAME=SIZE)"
                 if defaults else "")
-        given = len(check.get("overridden") or [])
+        given = len(check["overridden"])
         seeded = len(check["inputs"]) - given
         if not seeded:
             used = f"{given} given input(s) from --inputs"
@@ -125,17 +125,15 @@ def print_summary(console, report: Dict[str, Any]) -> None:
                     f"with seed {check['seed']}")
         else:
             used = f"{seeded} seeded input(s), seed {check['seed']}"
-        on_atol = check.get("passed_on_atol") or []
+        on_atol = check["passed_on_atol"]
         if on_atol and check["ok"]:
             note += (f"; passed on atol: max abs error <= {check['atol']:g} though max rel error > "
                      f"rtol {check['rtol']:g} ({', '.join(on_atol)})")
-        bounds = check.get("bounds") or [{"metric": check.get("metric") or "max-rel",
-                                           "rtol": check["rtol"],
-                                           "error": check.get("metric_error")}]
+        bounds = check["bounds"]
         rel_bound = "".join(f" (bound {b['rtol']:g})" for b in bounds
                             if b["metric"] == "max-rel" and len(bounds) > 1)
         bound = "".join(f", {b['metric']} error {_fmt_err(b['error'])} (bound {b['rtol']:g})"
-                        for b in bounds if b["metric"] != "max-rel" and b["error"] is not None)
+                        for b in bounds if b["metric"] != "max-rel")
         console.print(f"check: max abs error {_fmt_err(check['max_abs'])}, max rel error "
                       f"{_fmt_err(check['max_rel'])}{rel_bound}{bound} (worst output "
                       f"'{worst['name']}') on {used}{note}")
