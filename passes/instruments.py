@@ -326,12 +326,11 @@ class CheckEach:
         inputs: ``{name: array}``; ``None`` uses ``make_inputs(original, seed)``.
         seed: seed for :func:`passctl.tools.check.make_inputs`.
         write: receives one line per pass: ``check after NNN <pass>: max_abs A, max_rel R (ok|FAILED)``.
-        rtol: bound on the ``metric`` error for the ok/FAILED mark.
+        rtol: bound on the max-rel error for the ok/FAILED mark (without ``bounds``).
         atol: absolute error always accepted (see ``passctl.tools.check.OutputDiff.ok``).
-        metric: ``max-rel`` (default), ``mean-rel`` or ``cosine`` (``passctl.tools.check.METRICS``).
-        bounds: ``[(metric, rtol), ...]`` every one of which must hold (the CLI's bounds when
-            the pipeline's amp / quantize passes bound different metrics); replaces ``rtol`` and
-            ``metric`` when given.
+        bounds: ``[(metric, rtol), ...]`` every one of which must hold, each ``metric`` one of
+            ``passctl.tools.check.METRICS`` (the CLI's bounds: ``--rtol``, or the pipeline's amp /
+            quantize budgets under their metrics); replaces ``rtol`` when given.
 
     Attributes:
         results: ``(index, pass name, CheckResult)`` per pass, in order.
@@ -339,17 +338,16 @@ class CheckEach:
 
     def __init__(self, original, inputs: Optional[Dict[str, Any]] = None, seed: int = 0,
                  write: Optional[Write] = None, rtol: Optional[float] = None, atol: float = 0.0,
-                 metric: str = "max-rel", bounds: Optional[List[Any]] = None):
+                 bounds: Optional[List[Any]] = None):
         from passctl.tools.check import DEFAULT_RTOL, make_inputs, run_onnxruntime
 
         self.original = original
         self.inputs = dict(inputs) if inputs is not None else make_inputs(original, seed=seed)
         self.reference = run_onnxruntime(original, self.inputs)
         self.write = write or _default_write
-        self.rtol = DEFAULT_RTOL if rtol is None else rtol
         self.atol = atol
-        self.metric = metric
-        self.bounds = list(bounds) if bounds else [(metric, self.rtol)]
+        self.bounds = list(bounds) if bounds else [
+            ("max-rel", DEFAULT_RTOL if rtol is None else rtol)]
         self.results: List[Any] = []
 
     def ok(self, result) -> bool:
