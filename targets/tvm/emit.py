@@ -280,7 +280,9 @@ class TvmEmitter(Emitter):
         check = None
         if self.self_check and not target.is_gpu:
             check = _self_check(model, folder)
-        weight_bytes = int(sum(p.numpy().nbytes for p in params))
+        # from shape and dtype: p.numpy() would copy every weight (off the GPU, for cuda) to count
+        weight_bytes = int(sum(np.dtype(str(p.dtype)).itemsize * int(np.prod(p.shape))
+                               for p in params))
         seconds = {"translate": round(t1 - t0, 3), "compile": round(t2 - t1, 3),
                    "export": round(t3 - t2, 3)}
         logger.info("tvm artifact for %s: %s", target.name, seconds)
