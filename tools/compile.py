@@ -432,8 +432,14 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         _check_print_ir_names(args, flat)
         if args.dump_ir:
             _check_writable_folder(args.dump_ir, "--dump-ir")
-        instruments = build_instruments(args, reference, dims, overrides) + [
-            _ProgressInstrument(progress)]
+        try:
+            instruments = build_instruments(args, reference, dims, overrides) + [
+                _ProgressInstrument(progress)]
+        except UserError:
+            raise
+        except Exception as e:  # --check-each runs the original in ONNX Runtime, which may refuse it
+            _raise_if_ort_refuses_original(e, reference, path)
+            raise
         known = next(((i.inputs, i.reference) for i in instruments  # --check-each's original run
                       if isinstance(i, CheckEach)), None)
         manager = PassManager(passes, verify_each=args.verify_each, instruments=instruments,
@@ -515,7 +521,10 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         except (UserError, InternalError):
             raise
         except Exception as e:
-            _raise_if_ort_refuses_original(e, reference, path)
+            from passctl.targets.base import EmitError
+
+            if isinstance(e, EmitError):  # the emitter's ONNX Runtime load check
+                _raise_if_ort_refuses_original(e, reference, path)
             raise InternalError(f"emitting for {target.name} with {emitter.name} failed: "
                                 f"{type(e).__name__}: {e}",
                                 write_crash_folder(args.reproducer_dir, argv, e, model)) from e
@@ -525,19 +534,17 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
 
 
 def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: str) -> None:
-    """After the emitter's ONNX Runtime load check failed (an ``EmitError``): when ONNX Runtime
-    refuses the original model too, the problem is the user's input, not passctl's output.
+    """After ONNX Runtime failed on a model (the emitter's load check of its output, or
+    ``--check-each``'s run of the original): when ONNX Runtime refuses the original model, the
+    problem is the user's input, not passctl's.
 
     Raises:
         UserError: ONNX Runtime cannot load ``reference`` (the input, or the exported ``.pir``
-            input) either; one line naming ``path``, the node and op, and what to do
+            input); one line naming ``path``, the node and op, and what to do
             (:func:`passctl.tools.ort_refusal.explain_refusal`).
     """
-    from passctl.targets.base import EmitError
     from passctl.tools.ort_refusal import explain_refusal
 
-    if not isinstance(error, EmitError):
-        return
     message = explain_refusal(reference, path)
     if message is not None:
         raise UserError(message) from error

@@ -67,6 +67,18 @@ def test_custom_op(capfd, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_custom_op_with_check_each(capfd, tmp_path):
+    # --check-each runs the original in ONNX Runtime before any pass: the same user error, not an
+    # internal error with a reproducer
+    path = _save(tmp_path, "custom", [helper.make_node("MyOp", ["x"], ["y"], name="custom0",
+                                                       domain="my.custom")],
+                 [("", 17), ("my.custom", 1)])
+    assert "my.custom:MyOp" in _ort_refuses(path)
+    rc, err = _run(capfd, path, "--check-each", "-o", tmp_path / "o", "-q",
+                   "--reproducer-dir", tmp_path / "crash")
+    _assert_user_error(rc, err, path, "node 'custom0'", "my.custom::MyOp", "custom op")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "crash").exists()
+
 def test_opset_too_old(capfd, tmp_path):
     path = _save(tmp_path, "opset1", [helper.make_node("Relu", ["x"], ["y"], name="r")],
                  [("", 1)], ir_version=3)
