@@ -214,38 +214,50 @@ def _check_output_path(out: str, model_path: str) -> None:
         raise UserError(f"output folder '{shown}' contains the input model '{model_path}' and would "
                         "replace it; choose another -o")
     if os.path.isdir(out):
-        import stat
-
-        names = sorted(os.listdir(out))
-        listed, kind = _artifact_files(out)
-        if names and listed is None:
-            shown_names = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-            raise UserError(f"output folder '{shown}' exists and is not a passctl artifact (holds "
-                            f"{shown_names}); choose a new or empty -o")
-        # the files each emitter writes (model.engine: built later by build_engine.sh; the data
-        # file: written when the weights are large); a file is replaced only when the report of
-        # the artifact lists it or its emitter writes it later, and it is a plain file
-        writes = {"onnxruntime": {"model.onnx", "model.onnx.data", "session.json"},
-                  "tvm": {"manifest.json", "model.so", "model.params"},
-                  "tensorrt": {"model.onnx", "model.onnx.data", "manifest.json", "precision.json",
-                               "build_engine.sh", "model.engine"}}
-        later = {"model.onnx.data", "model.engine"}
-        own = writes.get(kind, set().union(*writes.values()))
-        for n in names:
-            try:
-                plain = stat.S_ISREG(os.lstat(os.path.join(out, n)).st_mode)
-            except OSError:
-                plain = False
-            if not plain or (n != "report.json" and (n not in own or (
-                    n not in listed and n not in later))):
-                what = "" if plain else " (not a plain file)"
-                raise UserError(f"output folder '{shown}' is a passctl {kind or 'compile'} "
-                                f"artifact but also holds '{n}'{what}, which passctl did not "
-                                "write; -o replaces the whole folder: move it out or choose a "
-                                "new or empty -o")
+        _refuse_foreign_entries(out, shown)
     if parent and not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"output '{shown}': cannot write in '{parent}' (permission denied); "
                         "choose a writable -o")
+
+
+#: The files each emitter writes (model.engine: built later by build_engine.sh; the data file:
+#: written when the weights are large), and those it may add after its report listed the others.
+_EMITTER_FILES = {"onnxruntime": {"model.onnx", "model.onnx.data", "session.json"},
+                  "tvm": {"manifest.json", "model.so", "model.params"},
+                  "tensorrt": {"model.onnx", "model.onnx.data", "manifest.json", "precision.json",
+                               "build_engine.sh", "model.engine"}}
+_WRITTEN_LATER = {"model.onnx.data", "model.engine"}
+
+
+def _refuse_foreign_entries(out: str, shown: str) -> None:
+    """Refuse an existing non-empty folder ``out`` (``shown``: as the user gave it) unless it is a
+    passctl artifact holding only plain files its emitter writes that its report lists (or that
+    the emitter adds later: :data:`_WRITTEN_LATER`).
+
+    Raises:
+        UserError: ``out`` is not a passctl artifact, or holds something else (the first one, sorted
+            by name, is named).
+    """
+    import stat
+
+    names = sorted(os.listdir(out))
+    listed, kind = _artifact_files(out)
+    if names and listed is None:
+        shown_names = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise UserError(f"output folder '{shown}' exists and is not a passctl artifact (holds "
+                        f"{shown_names}); choose a new or empty -o")
+    own = _EMITTER_FILES.get(kind, set().union(*_EMITTER_FILES.values()))
+    for n in names:
+        try:
+            plain = stat.S_ISREG(os.lstat(os.path.join(out, n)).st_mode)
+        except OSError:
+            plain = False
+        if not plain or (n != "report.json" and (n not in own or (
+                n not in listed and n not in _WRITTEN_LATER))):
+            what = "" if plain else " (not a plain file)"
+            raise UserError(f"output folder '{shown}' is a passctl {kind or 'compile'} artifact "
+                            f"but also holds '{n}'{what}, which passctl did not write; -o "
+                            "replaces the whole folder: move it out or choose a new or empty -o")
 
 
 def _default_rtol(args, flat, console) -> None:
