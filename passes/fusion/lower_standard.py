@@ -46,8 +46,8 @@ def lower_skip_layernorm(ctx: LowerContext, node: Node) -> Value:
     x, skip, bias = node.inputs[0], node.inputs[1], _in(node, 4)
     s = x
     if bias is not None:
-        s = ctx.b.op("Add", s, bias)
-    s = ctx.b.op("Add", s, skip)
+        s = _typed_like(ctx.b.op("Add", s, bias), x)
+    s = _typed_like(ctx.b.op("Add", s, skip), x)
     ctx.form = "SkipLayerNorm->Add+" + ("LayerNormalization" if ctx.opset >= 17 else "decomposed")
     return layernorm(ctx, s, _in(node, 2), _in(node, 3), float(node.attr("epsilon")))
 
@@ -86,8 +86,17 @@ def gelu(ctx: LowerContext, v: Value, approximate: str) -> Value:
 def lower_gelu(ctx: LowerContext, node: Node) -> Value:
     v, bias = node.inputs[0], _in(node, 1)
     if bias is not None:
-        v = ctx.b.op("Add", v, bias)
+        v = _typed_like(ctx.b.op("Add", v, bias), node.inputs[0])
     return gelu(ctx, v, node.attr("approximate", "none"))
+
+
+def _typed_like(new: Value, x: Value) -> Value:
+    """``new`` (x plus a [D] bias or an x-shaped skip) with x's type: the constants the formula
+    then adds (sqrt(2), epsilon) take its dtype, not float32 (an fp16 BERT's GELU lowered to
+    Div(fp16, fp32 sqrt(2)), which no runtime accepts)."""
+    if new.type is None and x.type is not None:
+        new.type = x.type
+    return new
 
 
 def lower_silu(ctx: LowerContext, node: Node) -> Value:

@@ -54,9 +54,25 @@ def callable_text(fn: Callable) -> str:
     return "<predicate>" if name == "<lambda>" else name
 
 
+def dtype_rtol(dtype) -> float:
+    """The relative rounding error of storing a real number in ``dtype``: half its machine epsilon
+    (2^-11 for float16, 2^-8 for bfloat16, 2^-24 for float32); 0 for non-float dtypes."""
+    try:
+        return float(np.finfo(dtype).eps) / 2
+    except (TypeError, ValueError):
+        try:
+            import ml_dtypes
+
+            return float(ml_dtypes.finfo(dtype).eps) / 2
+        except (ImportError, TypeError, ValueError):
+            return 0.0
+
+
 class ConstantPattern:
     """Matches a constant (initializer or ``Constant`` node output) equal to ``value`` within
-    ``rtol`` (numpy broadcasting: a scalar matches a tensor whose elements all equal it)."""
+    ``rtol`` (numpy broadcasting: a scalar matches a tensor whose elements all equal it). With
+    ``rtol > 0`` the tolerance is at least the rounding of the constant's own floating dtype
+    (:func:`dtype_rtol`: an fp16 sqrt(2) is 1.4140625, 1.1e-4 off)."""
 
     def __init__(self, value, rtol: float = 0.0):
         self.value = np.asarray(value)
@@ -292,8 +308,9 @@ class Matcher:
                 self._fail(m, f"input {i} of {_label(node)} ('{val.name}') is not a constant", node)
                 return
             try:
+                rtol = max(pat.rtol, dtype_rtol(arr.dtype)) if pat.rtol > 0 else 0.0
                 ok = arr.size > 0 and bool(np.all(np.isclose(arr.astype(np.float64), pat.value.astype(
-                    np.float64), rtol=pat.rtol, atol=0.0)))
+                    np.float64), rtol=rtol, atol=0.0)))
             except (TypeError, ValueError):
                 ok = False
             if not ok:

@@ -104,3 +104,23 @@ def test_new_opsets_lower_to_rmsnormalization_and_swish():
     assert stats["fuse-layernorm"]["rmsnorm"] == 1 and stats["fuse-activations"]["silu"] == 1
     assert ops(out) == ["RMSNormalization", "Swish"]
     assert_same_outputs(proto, out, rtol=1e-5)
+
+
+def test_float16_bias_gelu_fuses_and_lowers_to_a_float16_formula():
+    """An fp16 export's GELU constants are fp16-rounded (sqrt(2) -> 1.4140625, 1.1e-4 off): they
+    still match, and lower-standard's formula (opset 17: no Gelu op) takes fp16 constants for the
+    bias Add's output, so ONNX Runtime runs it and agrees with the original."""
+    rng = np.random.default_rng(0)
+    body = ("m = MatMul (x, w)\nh = Add (m, b)\nd = Div (h, sqrt2)\ne = Erf (d)\np = Add (e, one)\n"
+            "q = Mul (h, p)\ny = Mul (q, half)")
+    inits = {"w": (rng.standard_normal((16, 32)) * 0.3).astype(np.float16),
+             "b": rng.standard_normal(32).astype(np.float16),
+             "sqrt2": np.array(np.sqrt(2.0), np.float16), "one": np.array(1.0, np.float16),
+             "half": np.array(0.5, np.float16)}
+    proto = model_text(body, "float16[2,4,16] x", "float16[2,4,32] y", 17, inits)
+    _, stats, lowered = run(proto, "infer-shapes,fuse-gelu,dce,lower-standard")
+    assert stats["fuse-gelu"]["gelu"] == 1 and stats["fuse-gelu"]["gelu-bias"] == 1, stats["fuse-gelu"]
+    assert "Erf" in ops(lowered) and not any(n.domain == "passctl" for n in lowered.graph.node)
+    floats = {i.name: i.data_type for i in lowered.graph.initializer if i.data_type != onnx.TensorProto.INT64}
+    assert set(floats.values()) == {onnx.TensorProto.FLOAT16}, floats
+    assert_same_outputs(proto, lowered, rtol=2e-3)
