@@ -224,9 +224,10 @@ class TvmEmitter(Emitter):
         mod, params = _translate(model, source, library)
         gemms, gpu_transform = 0, None
         if library is not None:
-            from passctl.targets.tvm.build import pack_gpu_weights
+            from passctl.targets.tvm.build import gelu_from_formula, pack_gpu_weights
             from passctl.targets.tvm.triton_dispatch import dispatch_gemms
 
+            mod, _ = gelu_from_formula(mod)  # lower-standard's GELU formula: one epilogue op
             mod, gpu_transform = pack_gpu_weights(mod, tgt)
             mod, gemms = dispatch_gemms(mod, library)
             if library.kernels:

@@ -25,6 +25,7 @@ import logging
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from passctl.targets.tvm.build import _is_call
 from passctl.targets.tvm.triton_library import (MAX_SHARED_BYTES, Kernel, SharedMemoryError,
                                                 TritonLibrary, available)
 from passctl.targets.tvm.triton_specs import (AttentionSpec, GemmSpec, attention_kernel_for,
@@ -152,12 +153,6 @@ def _call_kernel(bb, lib: TritonLibrary, kernel: Kernel, grid: Tuple[int, int, i
         lib.launchers[key] = launcher(kernel, buffers, pointers, grid)
     gv = bb.add_func(lib.launchers[key], kernel.name + "_launch")
     return relax.call_tir(gv, relax.Tuple(inputs), relax.TensorType(list(out_shape), dtype))
-
-
-def _is_call(expr, name: str) -> bool:
-    from tvm import relax
-
-    return isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == name
 
 
 def _static_shape(expr) -> Optional[List[int]]:
