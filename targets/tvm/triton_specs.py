@@ -20,8 +20,11 @@ def _gemm_candidates(dtype: str, precision: str) -> List[Dict[str, int]]:
     # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), largest tile first: without tuning the first
     # whose grid fills the SMs is taken
     if dtype == "float32" and precision == "ieee":
+        # (32, 128, *) and (64, 64, 16, 4, 3): the fastest on the H200 for BERT's QKV and FFN-up
+        # shapes (benchmarks/gpu_gemm_sweep.py, 2026-11-29)
         tiles = [(128, 128, 32, 8, 3), (128, 128, 16, 8, 3), (128, 64, 32, 8, 3), (64, 128, 32, 4, 3),
-                 (64, 64, 32, 4, 3), (64, 64, 16, 4, 4), (32, 64, 32, 4, 3)]
+                 (64, 64, 32, 4, 3), (64, 64, 16, 4, 4), (64, 64, 16, 4, 3), (32, 128, 32, 4, 3),
+                 (32, 128, 16, 4, 3), (32, 64, 32, 4, 3)]
     elif dtype == "float32":
         tiles = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (64, 64, 32, 4, 4), (64, 128, 32, 4, 3)]
     else:
@@ -136,8 +139,13 @@ def _strides(heads: int, seq: int, dim: int, bshd: bool) -> Tuple[int, int, int]
     return (seq * heads * dim, dim, heads * dim) if bshd else (heads * seq * dim, seq * dim, dim)
 
 
-def _attention_candidates(d: int) -> List[Dict[str, int]]:
-    if d <= 64:
+def _attention_candidates(d: int, precision: str = "none") -> List[Dict[str, int]]:
+    if precision == "ieee":
+        # fp32 FMA products: smaller query tiles, more programs (S=128 with BLOCK_M=128 gave B*H
+        # programs, fewer than the H200's 132 SMs at batch 8, 12 heads)
+        tiles = [(64, 64, 4, 3), (64, 32, 4, 3), (32, 64, 4, 3), (32, 64, 2, 3), (32, 32, 2, 3),
+                 (16, 64, 2, 3)]
+    elif d <= 64:
         tiles = [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)]
     else:
         tiles = [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)]
@@ -153,6 +161,7 @@ def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kerne
     """
     from passctl.targets.tvm.triton_kernels import attention_kernel
 
+    precision = "none" if spec.dtype != "float32" else lib.fp32_precision
     if spec.mask_kind:
         mb, mh, ms, mt = spec.mask_shape
         smb, smh, sms = (mh * ms * mt if mb > 1 else 0, ms * mt if mh > 1 else 0,
@@ -171,8 +180,7 @@ def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kerne
                 "sks": sks, "svb": svb, "svh": svh, "svs": svs,
                 "smb": smb, "smh": smh, "sms": sms, "SCALE": float(spec.scale),
                 "MASK": spec.mask_kind, "CAUSAL": spec.causal, "NAN_TO_ZERO": spec.nan_to_zero,
-                "PRECISION": "none" if spec.dtype != "float32" else lib.fp32_precision,
-                "BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"],
+                "PRECISION": precision, "BLOCK_M": c["BLOCK_M"], "BLOCK_N": c["BLOCK_N"],
                 "BLOCK_D": max(16, 1 << (spec.d - 1).bit_length()),
                 "BLOCK_DV": max(16, 1 << (spec.dv - 1).bit_length())}
 
@@ -205,7 +213,7 @@ def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kerne
             + (" causal" if spec.causal else "") + (" +mask" if spec.mask_kind else "")
             + (" BSHD in" if any(spec.bshd) else ""))
     kernel, c = _compile_fitting(lib, attention_kernel, pointers, constexprs,
-                                 _attention_candidates(spec.d), grid_of, bench, what)
+                                 _attention_candidates(spec.d, precision), grid_of, bench, what)
     return kernel, grid(c)
 
 

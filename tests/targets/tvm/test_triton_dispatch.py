@@ -298,7 +298,7 @@ def test_nothing_fits_shared_memory_falls_back_to_tvm_kernels(h200, monkeypatch)
 
     monkeypatch.setattr(triton_specs, "_gemm_candidates", lambda dtype, precision: [
         {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1}])
-    monkeypatch.setattr(triton_specs, "_attention_candidates", lambda d: [
+    monkeypatch.setattr(triton_specs, "_attention_candidates", lambda d, precision: [
         {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}])
     lib = TritonLibrary((9, 0), 132)
     lib.max_shared = -1  # no kernel fits
