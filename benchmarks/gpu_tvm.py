@@ -5,7 +5,10 @@ export against the fp32 passctl artifact).
 Run on the H200 machine (see ../shared/GPU.md: TVM from /tmp/tvmsite):
 
     export PYTHONPATH=/tmp/tvmsite:$PWD && python3 benchmarks/gpu_tvm.py [--configs 128:fp32,512:fp16]
-        [--variants REGEX] [--budget-s 480]
+        [--variants REGEX] [--budget-s 480] [--kernel-profile]
+
+(``benchmarks/gpu_bert.sh`` runs the published configuration.) ``--kernel-profile`` prints each TVM
+build's top GPU kernels by time per call (torch's profiler, which sees CUDA-graph launches).
 
 The script exports BERT-base itself (transformers ``BertModel(BertConfig())``, random weights plus
 N(0, 0.02) noise so no norm is the identity, eager attention, legacy ONNX exporter, opset 17,
@@ -179,6 +182,35 @@ def run_tvm_variant(name: str, path: str, feeds, arch: str, profile: str):
     return tvm_passctl(path, feeds, profile, pipeline.format(calib=calib), **emitter)
 
 
+def kernel_profile(call, sync, calls: int = 10, top: int = 25) -> None:
+    """Print (to stderr, ``  kernel profile`` lines) the ``top`` GPU kernels by time per call of
+    ``call``, from torch's profiler (CUPTI, which also sees TVM's and CUDA-graph launches): name,
+    launches per call, microseconds per call and share of the kernel time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        sync()
+        torch.cuda.synchronize()
+    rows = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        us = getattr(e, "cuda_time_total", 0.0) if us is None else us
+        if us > 0 and e.count:
+            n, t = rows.get(e.key, (0, 0.0))
+            rows[e.key] = (n + e.count, t + us)
+    total = sum(t for _, t in rows.values()) or float("nan")
+    print(f"  kernel profile: {len(rows)} kernels, {total / calls:.0f} us of kernel time per call",
+          file=sys.stderr)
+    for name, (n, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  kernel profile: {t / calls:8.1f} us {100 * t / total:5.1f}% x{n / calls:5.1f} "
+              f"{name[:90]}", file=sys.stderr)
+
+
 def child(args) -> int:
     """One TVM variant in this (child) process; prints one ``RESULT {json}`` line last. TVM 0.27 can
     crash the process (a segfault inside DLight's fp16 tensorization), so the parent isolates it."""
@@ -193,6 +225,8 @@ def child(args) -> int:
     call, sync, out, compile_s = run_tvm_variant(args.child, args.child_onnx, feeds, args.arch,
                                                  args.profile)
     ms = cuda_time(call, sync, args.runs, args.warmup, args.repeats)
+    if args.kernel_profile:
+        kernel_profile(call, sync)
     result = {"ms": ms, "err": max_rel(out, ref), "compile_s": compile_s}
     if AMP_REPORT:
         kept = [n for n in AMP_REPORT.get("nodes", []) if n.get("precision") == "fp32"]
@@ -209,7 +243,8 @@ def isolated(name: str, path: str, args, arch: str, timeout: float = 0):
 
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--child-onnx", path,
            "--arch", arch, "--profile", args.profile, "--runs", str(args.runs), "--warmup",
-           str(args.warmup), "--repeats", str(args.repeats)]
+           str(args.warmup), "--repeats", str(args.repeats)] + (
+               ["--kernel-profile"] if args.kernel_profile else [])
     timeout = timeout or CHILD_TIMEOUT_S
     if timeout < 20:
         return float("nan"), float("nan"), float("nan"), "skipped: --budget-s spent"
@@ -225,7 +260,7 @@ def isolated(name: str, path: str, args, arch: str, timeout: float = 0):
             print(f"--- {name}: amp kept {amp['fp32_nodes']} nodes float32, {amp['low_nodes']} "
                   "fp16 ---\n" + "\n".join(amp["fp32"][:60]), flush=True)
         for line in (r.stderr or "").splitlines():  # kernel choices and profiles
-            if line.startswith("  triton kernel"):
+            if line.startswith(("  triton kernel", "  kernel profile")):
                 print(f"[{name}] {line}", flush=True)
         return d["ms"], d["err"], d["compile_s"], ""
     tail = [ln for ln in (r.stderr or "").strip().splitlines() if ln.strip()]
@@ -251,6 +286,8 @@ def main() -> int:
                              "export, passctl amp{dtype=fp16} vs the fp32 passctl artifact)")
     parser.add_argument("--variants", default="",
                         help="regex: run only the variants whose name matches")
+    parser.add_argument("--kernel-profile", action="store_true",
+                        help="print each TVM variant's top GPU kernels (torch profiler)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-onnx", help=argparse.SUPPRESS)
     parser.add_argument("--arch", help=argparse.SUPPRESS)
