@@ -13,7 +13,8 @@ from passctl.passes.rewrite import AttrVar, ConstantPattern, MatchResult, Rewrit
 
 logger = logging.getLogger(__name__)
 
-# Constants as exporters write them in float32 (or float64): matched within this relative tolerance.
+# Constants as exporters write them in float32 (or float64): matched within this relative tolerance,
+# or within the rounding of the constant's own dtype when that is coarser (ConstantPattern).
 _RTOL = 1e-6
 SQRT2 = ConstantPattern(math.sqrt(2.0), rtol=_RTOL)
 INV_SQRT2 = ConstantPattern(1.0 / math.sqrt(2.0), rtol=_RTOL)
@@ -42,7 +43,8 @@ class _GeluCore(RewriteRule):
     Erf form (``approximate="none"``): ``0.5 * x * (1 + erf(x / sqrt(2)))``, the division written as
     ``Div(x, sqrt(2))`` or ``Mul(x, 1/sqrt(2))``. Tanh form (``approximate="tanh"``, FastGelu):
     ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))``, the cube written as ``Pow(x, 3)`` or
-    ``Mul(x, Mul(x, x))``. Constants match within 1e-6 relative (float32 rounding).
+    ``Mul(x, Mul(x, x))``. Constants match within 1e-6 relative, or within their own dtype's
+    rounding (an fp16 sqrt(2) is 1.4140625).
     Math: Hendrycks & Gimpel 2016 (Gaussian Error Linear Units), ONNX Gelu-20.
     """
 
