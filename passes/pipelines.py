@@ -44,6 +44,9 @@ FUSE_FAMILIES: List[str] = [
     # ONNX form (Sigmoid * x, HardSigmoid...) go before fuse-activations, which turns those into
     # passctl::SiLU / passctl::HardSwish.
     "fuse-layernorm",
+    # NOTE: fuse-skip-rmsnorm right after fuse-layernorm: it reads the passctl::RMSNorm that pass
+    # makes and takes the residual Add in front of it (the sum stays an output for the next block).
+    "fuse-skip-rmsnorm",
     "fuse-gelu",
     "fuse-activations",
     # NOTE: dce after the fusions: rewrites leave the constants they replaced (epsilon, 0.5, sqrt(2)).

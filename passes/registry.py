@@ -33,6 +33,7 @@ _builtin_modules: List[str] = [
     "passctl.passes.fusion.reshape_chain",
     # Normalization / activation fusion families and target lowering (issue 4, H8).
     "passctl.passes.fusion.layernorm",
+    "passctl.passes.fusion.skip_rmsnorm",
     "passctl.passes.fusion.gelu",
     "passctl.passes.fusion.activations",
     "passctl.passes.fusion.lower_onnxruntime",

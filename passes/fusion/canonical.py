@@ -50,6 +50,14 @@ SCHEMAS: Dict[str, CanonicalOp] = {s.name: s for s in [
         "Scale has shape [D] and defaults to 1",
         "Zhang & Sennrich 2019 (RMSNorm); ONNX RMSNormalization-23; LLaMA's LlamaRMSNorm"),
     CanonicalOp(
+        "SkipRMSNorm", ("X", "Skip", "Scale?"),
+        {"epsilon": "float"},
+        "S = X + Skip; Y = RMSNorm(S, Scale) over the last axis; outputs (Y, S?): the second output "
+        "S is the residual sum that a pre-norm model's next block reads (present only when used); X "
+        "and Skip have the same shape [..., D]; Scale has shape [D] and defaults to 1",
+        "ONNX Runtime com.microsoft.SkipSimplifiedLayerNormalization (ContribOperators.md; its "
+        "4th output input_skip_bias_sum is S)"),
+    CanonicalOp(
         "Gelu", ("X", "Bias?"),
         {"approximate": "string, 'none' (erf form) or 'tanh'"},
         "with v = X + Bias: 'none': Y = 0.5 * v * (1 + erf(v / sqrt(2))); 'tanh': Y = 0.5 * v * "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from passctl.ir import Model, Node, Value
 from passctl.passes.base import PassResult
@@ -63,6 +63,41 @@ def rmsnorm(ctx: LowerContext, node: Node) -> Value:
                     axis=-1, epsilon=float(node.attr("epsilon")), stash_type=1)
 
 
+def skip_rmsnorm(ctx: LowerContext, node: Node) -> Optional[Tuple[Value, ...]]:
+    """``com.microsoft.SkipSimplifiedLayerNormalization(input, skip, gamma)`` (ContribOperators.md:
+    input and skip 2-D or 3-D of one shape, gamma ``[hidden]``); its outputs are ``(output, mean,
+    inv_std_var, input_skip_bias_sum)``: the sum is written as the 4th output when the node's second
+    output is used (mean and inv_std_var omitted). None for other ranks."""
+    x, skip = node.inputs[0], node.inputs[1]
+    rank = None if x.shape is None else x.shape.rank
+    if rank not in (2, 3) or skip.shape is None or skip.shape.rank != rank:
+        return None
+    scale = _in(node, 2)
+    y = Value(ctx.graph.fresh_name("skip_simplified_ln_out"))
+    outs = [y]
+    if len(node.outputs) > 1:
+        outs += [Value(""), Value(""), Value(ctx.graph.fresh_name("input_skip_bias_sum"))]
+    fused = Node(MS_DOMAIN, "SkipSimplifiedLayerNormalization",
+                 [x, skip, scale if scale is not None else ctx.ones_scale(x)],
+                 {"epsilon": float(node.attr("epsilon"))}, outs,
+                 name=ctx.graph.fresh_name("SkipSimplifiedLayerNormalization"), provenance=node.provenance)
+    ctx.b.nodes.append(fused)
+    ctx.form = "SkipRMSNorm->com.microsoft::SkipSimplifiedLayerNormalization"
+    return (y, outs[3]) if len(node.outputs) > 1 else (y,)
+
+
+def skip_rmsnorm_add(ctx: LowerContext, node: Node) -> Tuple[Value, ...]:
+    """``S = Add(input, skip)`` then ``SimplifiedLayerNormalization(S)``; returns ``(Y, S)`` (or
+    ``(Y,)``): the unfused form, for ranks the contrib op does not take."""
+    x, skip, scale = node.inputs[0], node.inputs[1], _in(node, 2)
+    s = ctx.b.op("Add", x, skip)
+    s.type = x.type
+    y = ctx.b.op("SimplifiedLayerNormalization", s, scale if scale is not None else ctx.ones_scale(x),
+                 axis=-1, epsilon=float(node.attr("epsilon")), stash_type=1)
+    ctx.form = "SkipRMSNorm->Add+SimplifiedLayerNormalization"
+    return (y, s) if len(node.outputs) > 1 else (y,)
+
+
 def gelu(ctx: LowerContext, node: Node) -> Value:
     """Erf form: ``com.microsoft.BiasGelu(A, B)`` with a bias, else ``com.microsoft.Gelu(X)``; tanh
     form: ``com.microsoft.FastGelu(X[, bias])`` (ContribOperators.md)."""
@@ -89,7 +124,8 @@ def silu(ctx: LowerContext, node: Node) -> Value:
 # MiniLM 14% slower end to end (benchmarks/results/ort_cpu-2026-11-29.md). `skip_layernorm` stays for
 # a CUDA-provider lowering, where the fused kernel pays.
 for _op, _fns in [("LayerNorm", [layernorm]), ("SkipLayerNorm", [skip_layernorm_add]),
-                  ("RMSNorm", [rmsnorm]), ("Gelu", [gelu]), ("SiLU", [silu]),
+                  ("RMSNorm", [rmsnorm]), ("SkipRMSNorm", [skip_rmsnorm, skip_rmsnorm_add]),
+                  ("Gelu", [gelu]), ("SiLU", [silu]),
                   ("HardSwish", [std.lower_hardswish])]:
     for _fn in _fns:
         register_lowering(TARGET, _op, _fn)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 from passctl.ir import Node, Value
 from passctl.passes.fusion.lowering import LowerContext, Lowering, register_lowering
@@ -54,13 +54,28 @@ def lower_skip_layernorm(ctx: LowerContext, node: Node) -> Value:
 
 def lower_rmsnorm(ctx: LowerContext, node: Node) -> Value:
     """RMSNormalization-23 when the opset has it, else x / sqrt(mean(x*x) + eps) * scale."""
-    x, scale, eps = node.inputs[0], _in(node, 1), float(node.attr("epsilon"))
+    return rmsnorm(ctx, node.inputs[0], _in(node, 1), float(node.attr("epsilon")))
+
+
+def lower_skip_rmsnorm(ctx: LowerContext, node: Node) -> Tuple[Value, ...]:
+    """``S = Add(X, Skip)`` then RMSNorm(S) (the canonical op's math); returns ``(Y, S)``, or
+    ``(Y,)`` when the node has one output."""
+    x, skip = node.inputs[0], node.inputs[1]
+    s = _typed_like(ctx.b.op("Add", x, skip), x)
+    ctx.form = "SkipRMSNorm->Add+" + ("RMSNormalization" if ctx.opset >= 23 else "decomposed")
+    y = rmsnorm(ctx, s, _in(node, 2), float(node.attr("epsilon")))
+    return (y, s) if len(node.outputs) > 1 else (y,)
+
+
+def rmsnorm(ctx: LowerContext, x: Value, scale: Optional[Value], eps: float) -> Value:
+    """RMSNormalization-23 when the opset has it, else x / sqrt(mean(x*x) + eps) * scale
+    (Zhang & Sennrich 2019; the ONNX op spec's function body)."""
     b = ctx.b
     if ctx.opset >= 23:
-        ctx.form = "RMSNorm->RMSNormalization"
+        ctx.form = ctx.form or "RMSNorm->RMSNormalization"
         return b.op("RMSNormalization", x, scale if scale is not None else ctx.ones_scale(x),
                     axis=-1, epsilon=eps)
-    ctx.form = "RMSNorm->decomposed"
+    ctx.form = ctx.form or "RMSNorm->decomposed"
     ms = ctx.reduce_mean_last(b.op("Mul", x, x))
     y = b.op("Div", x, b.op("Sqrt", b.op("Add", ms, ctx.scalar(eps, x, "epsilon"))))
     return b.op("Mul", y, scale) if scale is not None else y
@@ -121,8 +136,8 @@ def lower_hardswish(ctx: LowerContext, node: Node) -> Value:
 
 
 for _op, _fn in [("LayerNorm", lower_layernorm), ("SkipLayerNorm", lower_skip_layernorm),
-                 ("RMSNorm", lower_rmsnorm), ("Gelu", lower_gelu), ("SiLU", lower_silu),
-                 ("HardSwish", lower_hardswish)]:
+                 ("RMSNorm", lower_rmsnorm), ("SkipRMSNorm", lower_skip_rmsnorm), ("Gelu", lower_gelu),
+                 ("SiLU", lower_silu), ("HardSwish", lower_hardswish)]:
     register_lowering(TARGET, _op, _fn)
 
 
@@ -131,7 +146,8 @@ class LowerStandard(Lowering):
     """Turn canonical ``passctl::`` ops into standard ONNX ops of the model's opset.
 
     Forms: LayerNorm -> LayerNormalization (opset >= 17) or decomposed; SkipLayerNorm -> Add (+ bias
-    Add) + LayerNorm; RMSNorm -> RMSNormalization (>= 23) or decomposed; Gelu -> (bias Add +) Gelu
+    Add) + LayerNorm; RMSNorm -> RMSNormalization (>= 23) or decomposed; SkipRMSNorm -> Add +
+    that RMSNorm form (the Add's result replaces the sum output); Gelu -> (bias Add +) Gelu
     (>= 20) or the erf / tanh formula; SiLU -> Swish (>= 24) or x * Sigmoid(x); HardSwish ->
     HardSwish (>= 14) or x * HardSigmoid(x). The result uses only the ``""`` domain, for emitters
     whose importers know the standard ops (TVM's ONNX frontend, TensorRT's parser).
@@ -145,4 +161,4 @@ class LowerStandard(Lowering):
 
 
 __all__ = ["LowerStandard", "gelu", "layernorm", "lower_gelu", "lower_hardswish", "lower_layernorm",
-           "lower_rmsnorm", "lower_silu", "lower_skip_layernorm"]
+           "lower_rmsnorm", "lower_silu", "lower_skip_layernorm", "lower_skip_rmsnorm", "rmsnorm"]

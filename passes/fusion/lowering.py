@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -13,9 +13,10 @@ from passctl.passes.fusion.canonical import DOMAIN, drop_unused_opset, last_dim
 
 logger = logging.getLogger(__name__)
 
-LowerFn = Callable[["LowerContext", Node], Optional[Value]]
+LowerFn = Callable[["LowerContext", Node], Union[Value, Tuple[Value, ...], None]]
 """Builds the replacement of one canonical node with ``ctx.b``; returns the value replacing its
-(first and only) output, or None to leave the node to the next candidate function."""
+first output (a tuple of values for a node with several outputs, in order), or None to leave the
+node to the next candidate function."""
 
 # target -> canonical op type -> candidate functions, tried in order (first non-None wins).
 _TABLES: Dict[str, Dict[str, List[LowerFn]]] = {}
@@ -108,10 +109,13 @@ class Lowering(Pass):
                     logger.warning("%s: no %s form for passctl::%s (node '%s'); it stays canonical",
                                    self.name, self.TARGET, node.op_type, node.name)
                     continue
-                old = node.outputs[0]
-                if out.type is None:
-                    out.type = old.type
-                graph.replace_nodes([node], ctx.b.nodes, [old], [out])
+                # A tuple replaces the node's outputs in order (passctl::SkipRMSNorm's (y, sum)).
+                outs = list(out) if isinstance(out, tuple) else [out]
+                olds = list(node.outputs[:len(outs)])
+                for old, new in zip(olds, outs):
+                    if new.type is None:
+                        new.type = old.type
+                graph.replace_nodes([node], ctx.b.nodes, olds, outs)
                 stats["lowered"] += 1
                 stats[ctx.form] = stats.get(ctx.form, 0) + 1
         drop_unused_opset(model, DOMAIN)

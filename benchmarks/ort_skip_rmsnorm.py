@@ -1,0 +1,159 @@
+"""SmolLM2-135M on ONNX Runtime's CPU provider: passctl fuse with and without fuse-skip-rmsnorm.
+
+Run ``python benchmarks/ort_skip_rmsnorm.py [--seqs 32,128] [--runs 50] [--profile]``. SmolLM2-135M
+comes from the test zoo (``tests/zoo.py``: exported once, cached under ``.cache/``). Variants, each
+``passctl.ir.load`` -> ``PassManager(build_pipeline(P))`` -> ``save``:
+
+- ``before``: ``cleanup`` + the cpu ``fuse`` group without ``fuse-skip-rmsnorm`` (residual Add +
+  SimplifiedLayerNormalization, what ``fuse`` gave before the SkipRMSNorm family);
+- ``after``: ``cleanup,fuse`` (SkipRMSNorm lowered by ``lower-onnxruntime``: its statistics are
+  printed, e.g. ``SkipRMSNorm->com.microsoft::SkipSimplifiedLayerNormalization``).
+
+Sessions: ``passctl.tools.check.cpu_session`` with ``ORT_ENABLE_ALL``, ``intra_op_num_threads=2``, one
+inter-op thread, ``ORT_SEQUENTIAL``, batch 1. Both sessions are warmed up, then run in interleaved
+rounds (alternating which goes first), so load from other processes hits both alike; the median and
+20th percentile of ``--runs`` runs are printed in milliseconds, with ``after``'s max relative error
+against ``before`` (``passctl.tools.check.compare``).
+
+``--profile`` (the ceiling): ONNX Runtime's profiler (``SessionOptions.enable_profiling``) on the
+``before`` graph; the share of the run time (``model_run`` events after warm-up) spent in the
+residual Add nodes (Adds whose output feeds a SimplifiedLayerNormalization) plus the
+SimplifiedLayerNormalization nodes, matched by node name in the ``*_kernel_time`` events. No fusion of
+the two can save more than that share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+THREADS = 2
+
+
+def prepare(src: str, folder: Path) -> Dict[str, str]:
+    """Write the ``before`` and ``after`` graphs of ``src`` under ``folder``; returns their paths."""
+    from passctl.ir import load, save
+    from passctl.passes import PassManager, build_pipeline, expand_alias
+
+    fuse = expand_alias("fuse", "cpu")
+    pipelines = {"before": ",".join(["cleanup"] + [p for p in fuse if p != "fuse-skip-rmsnorm"]),
+                 "after": "cleanup,fuse"}
+    paths = {}
+    for variant, pipeline in pipelines.items():
+        model = load(src)
+        result = PassManager(build_pipeline(pipeline)).run(model)
+        lowered = [r.stats for r in result.records if r.name == "lower-onnxruntime"][-1]
+        print(f"{variant}: lower-onnxruntime {json.dumps({k: v for k, v in lowered.items() if v})}")
+        (folder / variant).mkdir()
+        paths[variant] = str(folder / variant / "model.onnx")
+        save(model, paths[variant])
+    return paths
+
+
+def ceiling(path: str, feeds: dict, warmup: int, runs: int, prefix: str) -> dict:
+    """Share of ``model_run`` time in residual Adds + SimplifiedLayerNormalization (profiler)."""
+    import onnx
+
+    from passctl.tools.check import cpu_session
+
+    graph = onnx.load(path, load_external_data=False).graph
+    consumers = defaultdict(list)
+    for n in graph.node:
+        for name in n.input:
+            consumers[name].append(n.op_type)
+    norms = {n.name for n in graph.node if n.op_type == "SimplifiedLayerNormalization"}
+    adds = {n.name for n in graph.node if n.op_type == "Add"
+            and "SimplifiedLayerNormalization" in consumers[n.output[0]]}
+    session = cpu_session(path, True, THREADS, sequential=True, profile_prefix=prefix)
+    for _ in range(warmup + runs):
+        session.run(None, feeds)
+    trace = session.end_profiling()
+    with open(trace) as f:
+        events = json.load(f)
+    os.remove(trace)
+    run_events = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                        key=lambda e: e["ts"])[warmup:]
+    first = run_events[0]["ts"]
+    total = sum(e["dur"] for e in run_events)
+    spent = {"add": 0.0, "norm": 0.0}
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or e["ts"] < first:
+            continue
+        node = e["name"][:-len("_kernel_time")]
+        spent["add"] += e["dur"] if node in adds else 0.0
+        spent["norm"] += e["dur"] if node in norms else 0.0
+    return {"adds": len(adds), "norms": len(norms), "run_ms": total / len(run_events) / 1e3,
+            "add_ms": spent["add"] / len(run_events) / 1e3, "norm_ms": spent["norm"] / len(run_events) / 1e3,
+            "share": (spent["add"] + spent["norm"]) / total}
+
+
+def latency(paths: Dict[str, str], feeds: dict, warmup: int, runs: int) -> Dict[str, List[float]]:
+    """Milliseconds per run of each variant, interleaved rounds."""
+    from passctl.tools.check import cpu_session
+
+    sessions = {v: cpu_session(p, True, THREADS, sequential=True) for v, p in paths.items()}
+    order = list(sessions)
+    for _ in range(warmup):
+        for v in order:
+            sessions[v].run(None, feeds)
+    times: Dict[str, List[float]] = {v: [] for v in order}
+    for r in range(runs):
+        for v in (order if r % 2 == 0 else order[::-1]):
+            start = time.perf_counter()
+            sessions[v].run(None, feeds)
+            times[v].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqs", default="32,128", help="sequence lengths, comma-separated")
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="also measure the ceiling (profiler)")
+    args = parser.parse_args(argv)
+
+    import tempfile
+
+    from passctl.tools.check import compare, cpu_session
+    from passctl.tools.inputs import make_inputs
+    from zoo import ZOO
+
+    entry = ZOO["smollm2"]
+    with tempfile.TemporaryDirectory(prefix="ort_skip_rmsnorm_") as tmp:
+        paths = prepare(entry.path, Path(tmp))
+        for seq in (int(s) for s in args.seqs.split(",")):
+            feeds = make_inputs(paths["before"], seed=0, dim_values={"batch": 1, "sequence": seq},
+                                overrides=dict(entry.input_overrides))
+            outs = {}
+            for v, p in paths.items():
+                session = cpu_session(p, True, THREADS)
+                names = [o.name for o in session.get_outputs()]
+                outs[v] = dict(zip(names, session.run(names, feeds)))
+            max_rel = compare(outs["before"], outs["after"]).max_rel
+            if args.profile:
+                c = ceiling(paths["before"], feeds, args.warmup, min(args.runs, 20), str(Path(tmp) / "prof"))
+                print(f"seq {seq} ceiling: {c['adds']} residual Adds {c['add_ms']:.3f} ms + {c['norms']} "
+                      f"SimplifiedLayerNormalization {c['norm_ms']:.3f} ms of {c['run_ms']:.2f} ms per run "
+                      f"= {100 * c['share']:.2f}%")
+            times = latency(paths, feeds, args.warmup, args.runs)
+            med = {v: statistics.median(t) for v, t in times.items()}
+            p20 = {v: statistics.quantiles(t, n=5)[0] for v, t in times.items()}
+            print(f"seq {seq}: median before {med['before']:.2f} ms, after {med['after']:.2f} ms "
+                  f"(after/before {med['after'] / med['before']:.3f}); p20 before {p20['before']:.2f}, "
+                  f"after {p20['after']:.2f}; {args.runs} runs, {THREADS} threads; max_rel after vs "
+                  f"before {max_rel:.1e}; load average {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
