@@ -32,7 +32,7 @@ def check_skip_rmsnorm(norm: Node) -> Tuple[Optional[Node], MatchResult]:
     Returns:
         ``(add, result)``: the residual Add (None when there is none) and a :class:`MatchResult`
         whose ``reason`` says why the pair does not fuse, e.g. ``SkipRMSNorm: shapes of 'a'
-        ([2, 1, 8]) and 'r' ([2, 4, 8]) are not known to be equal (run infer-shapes)``.
+        (2x1x8) and 'r' (2x4x8) differ: the Add broadcasts, it is no residual connection``.
     """
     if norm.domain != DOMAIN or norm.op_type != "RMSNorm":
         return None, MatchResult().fail(f"{node_label(norm)} is not passctl::RMSNorm", norm)
@@ -45,9 +45,11 @@ def check_skip_rmsnorm(norm: Node) -> Tuple[Optional[Node], MatchResult]:
                                        f"the graph of {node_label(norm)}", add)
     x, skip = add.inputs
     if not _same_shape(x, skip):
+        known = x.shape is not None and skip.shape is not None and x.shape.rank is not None
+        why = ("differ: the Add broadcasts, it is no residual connection" if known
+               else "are not known to be equal (run infer-shapes)")
         return add, MatchResult().fail(f"SkipRMSNorm: shapes of '{x.name}' ({x.shape}) and "
-                                       f"'{skip.name}' ({skip.shape}) are not known to be equal "
-                                       "(run infer-shapes)", add)
+                                       f"'{skip.name}' ({skip.shape}) {why}", add)
     if x.dtype is None or x.dtype != skip.dtype or x.dtype != norm.inputs[0].dtype:
         return add, MatchResult().fail(f"SkipRMSNorm: element types of '{x.name}' ({x.dtype}) and "
                                        f"'{skip.name}' ({skip.dtype}) are unknown or differ", add)

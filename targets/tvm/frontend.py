@@ -21,6 +21,10 @@ PASSCTL_DOMAIN = "passctl"
 #: domains), so ``passctl::Gelu`` (with a Bias input) never reaches the frontend's ONNX Gelu.
 _PREFIX = "passctl::"
 
+#: How many leading outputs a passctl op's converter maps (1 when not listed): SkipRMSNorm's
+#: converter returns (Y, S) when its sum output is used.
+_MAPPED_OUTPUTS = {"SkipRMSNorm": 2}
+
 # The ONNX ops TVM 0.27's Relax frontend handles outside its converter table.
 _DIRECT = {"If", "Constant"}
 
@@ -59,6 +63,15 @@ def _converter_table(kernels=None) -> Dict[str, Callable]:
         scale = inputs[1] if len(inputs) > 1 and inputs[1] is not None else _const_like(x, 1, _last(x))
         return op.nn.rms_norm(x, scale, axes=[-1], epsilon=float(attrs["epsilon"]))
 
+    def skip_rms_norm(bb, inputs, attrs):
+        # (Y, S) as a Relax tuple when the node's sum output is used (the importer unpacks it by
+        # the node's output count); S is bound once and read by both.
+        s = bb.emit(op.add(inputs[0], inputs[1]))
+        y = rms_norm(bb, [s, inputs[2] if len(inputs) > 2 else None], attrs)
+        if attrs.get("tvm_custom", {}).get("num_outputs", 1) > 1:
+            return relax.Tuple([bb.emit(y), s])
+        return y
+
     def gelu(bb, inputs, attrs):
         v = inputs[0]
         if len(inputs) > 1 and inputs[1] is not None:
@@ -78,7 +91,7 @@ def _converter_table(kernels=None) -> Dict[str, Callable]:
         return op.multiply(x, gate)
 
     table = {"LayerNorm": layer_norm, "SkipLayerNorm": skip_layer_norm, "RMSNorm": rms_norm,
-             "Gelu": gelu, "SiLU": silu, "HardSwish": hard_swish}
+             "SkipRMSNorm": skip_rms_norm, "Gelu": gelu, "SiLU": silu, "HardSwish": hard_swish}
     try:
         from passctl.passes.attention.tvm_relax import converters as attention_converters
     except ImportError:  # the attention package is optional here
@@ -112,9 +125,11 @@ def unsupported_nodes(model: Model) -> List[Tuple[Node, str]]:
             if node.op_type not in ours:
                 bad.append((node, "the TVM emitter maps passctl::" + ", passctl::".join(sorted(ours))
                             + " only; add lower-standard to the pipeline"))
-            elif sum(1 for o in node.outputs if o.uses() or o.is_graph_output()) > 1 or \
-                    any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
-                bad.append((node, "only its first output is mapped"))
+            elif any(o.uses() or o.is_graph_output()
+                     for o in node.outputs[_MAPPED_OUTPUTS.get(node.op_type, 1):]):
+                mapped = _MAPPED_OUTPUTS.get(node.op_type, 1)
+                bad.append((node, "only its first output is mapped" if mapped == 1
+                            else f"only its first {mapped} outputs are mapped"))
         else:
             hint = " (lowered for ONNX Runtime: use the pipeline's TVM form, lower-standard)" \
                 if node.domain == "com.microsoft" else ""
@@ -216,6 +231,7 @@ def to_relax(model: Model, source: str = "model", kernels=None):
 
     Route: ``passctl.ir.to_onnx`` -> TVM 0.27's Relax ONNX frontend (``keep_params_in_input``),
     with passctl-domain ops converted by :func:`_converter_table` (nn.layer_norm, nn.rms_norm,
+    SkipRMSNorm as add + nn.rms_norm with the sum as its second output,
     nn.gelu / gelu_tanh, nn.silu, HardSwish as x * clip(x / 6 + 1/2, 0, 1), Attention through
     passes/attention/tvm_relax.py, with ``kernels`` (a
     :class:`passctl.targets.tvm.triton_dispatch.TritonLibrary`) for CUDA builds that embed Triton
