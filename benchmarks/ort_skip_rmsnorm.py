@@ -1,6 +1,6 @@
 """SmolLM2-135M on ONNX Runtime's CPU provider: passctl fuse with and without fuse-skip-rmsnorm.
 
-Run ``python benchmarks/ort_skip_rmsnorm.py [--seqs 32,128] [--runs 50] [--profile]``. SmolLM2-135M
+Run ``python benchmarks/ort_skip_rmsnorm.py [--seqs 32,128] [--runs 50] [--profile] [--kernels]``. SmolLM2-135M
 comes from the test zoo (``tests/zoo.py``: exported once, cached under ``.cache/``). Variants, each
 ``passctl.ir.load`` -> ``PassManager(build_pipeline(P))`` -> ``save``:
 
@@ -15,11 +15,16 @@ rounds (alternating which goes first), so load from other processes hits both al
 20th percentile of ``--runs`` runs are printed in milliseconds, with ``after``'s max relative error
 against ``before`` (``passctl.tools.check.compare``).
 
-``--profile`` (the ceiling): ONNX Runtime's profiler (``SessionOptions.enable_profiling``) on the
-``before`` graph; the share of the run time (``model_run`` events after warm-up) spent in the
-residual Add nodes (Adds whose output feeds a SimplifiedLayerNormalization) plus the
-SimplifiedLayerNormalization nodes, matched by node name in the ``*_kernel_time`` events. No fusion of
-the two can save more than that share.
+``--profile`` (the ceiling): ONNX Runtime's profiler (``SessionOptions.enable_profiling``) on each
+graph; the share of the run time (``model_run`` events after warm-up) spent in the residual Add
+nodes (Adds whose output feeds a SimplifiedLayerNormalization) plus the (Skip)SimplifiedLayerNormalization
+nodes, matched by node name in the ``*_kernel_time`` events. On ``before`` that share is the ceiling:
+no fusion of the two can save more; on ``after`` it is what the fused kernels cost instead.
+
+``--kernels`` (instead of the model): the profiler's kernel time per block of a 30-block residual
+chain at SmolLM2's width (576), Add + SimplifiedLayerNormalization against one
+SkipSimplifiedLayerNormalization that writes the sum as its 4th output; each form in its own
+session, so neither's threads compete with the other's.
 """
 
 from __future__ import annotations
@@ -70,7 +75,8 @@ def ceiling(path: str, feeds: dict, warmup: int, runs: int, prefix: str) -> dict
     for n in graph.node:
         for name in n.input:
             consumers[name].append(n.op_type)
-    norms = {n.name for n in graph.node if n.op_type == "SimplifiedLayerNormalization"}
+    norms = {n.name for n in graph.node
+             if n.op_type in ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")}
     adds = {n.name for n in graph.node if n.op_type == "Add"
             and "SimplifiedLayerNormalization" in consumers[n.output[0]]}
     session = cpu_session(path, True, THREADS, sequential=True, profile_prefix=prefix)
@@ -94,6 +100,61 @@ def ceiling(path: str, feeds: dict, warmup: int, runs: int, prefix: str) -> dict
     return {"adds": len(adds), "norms": len(norms), "run_ms": total / len(run_events) / 1e3,
             "add_ms": spent["add"] / len(run_events) / 1e3, "norm_ms": spent["norm"] / len(run_events) / 1e3,
             "share": (spent["add"] + spent["norm"]) / total}
+
+
+def _chain(fused: bool, seq: int, layers: int = 30, hidden: int = 576) -> bytes:
+    """A pre-norm residual stream of ``layers`` blocks at SmolLM2's width: per block the residual sum
+    (Add) + RMSNorm (``SimplifiedLayerNormalization``), or one ``SkipSimplifiedLayerNormalization``
+    writing the sum as its 4th output, then a Mul standing in for the block."""
+    import numpy as np
+    import onnx.helper as oh
+    import onnx.numpy_helper as nh
+
+    nodes, a, h = [], "a", "h"
+    for i in range(layers):
+        if fused:
+            nodes.append(oh.make_node("SkipSimplifiedLayerNormalization", [a, h, "w"],
+                                      [f"y{i}", "", "", f"s{i}"], domain="com.microsoft", epsilon=1e-5))
+        else:
+            nodes += [oh.make_node("Add", [a, h], [f"s{i}"]),
+                      oh.make_node("SimplifiedLayerNormalization", [f"s{i}", "w"], [f"y{i}"], axis=-1,
+                                   epsilon=1e-5, stash_type=1)]
+        nodes.append(oh.make_node("Mul", [f"y{i}", "c"], [f"a{i + 1}"]))
+        a, h = f"a{i + 1}", f"s{i}"
+    nodes.append(oh.make_node("Add", [a, h], ["out"], name="out"))
+    shape = [1, seq, hidden]
+    weights = [nh.from_array(np.random.default_rng(0).uniform(0.5, 1.5, hidden).astype(np.float32), "w"),
+               nh.from_array(np.array([0.1], np.float32), "c")]
+    graph = oh.make_graph(nodes, "chain", [oh.make_tensor_value_info(n, 1, shape) for n in ("a", "h")],
+                          [oh.make_tensor_value_info("out", 1, shape)], weights)
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18),
+                                               oh.make_opsetid("com.microsoft", 1)]).SerializeToString()
+
+
+def kernel_us(seq: int, runs: int, prefix: str) -> Dict[str, float]:
+    """Profiler kernel time per block (microseconds, mean over ``runs`` runs after 10 warm-up runs) of
+    the residual Add + RMSNorm in :func:`_chain`'s two forms; one session at a time."""
+    import numpy as np
+
+    from passctl.tools.check import cpu_session
+
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.standard_normal((1, seq, 576)).astype(np.float32) for n in ("a", "h")}
+    result = {}
+    for fused in (False, True):
+        session = cpu_session(_chain(fused, seq), True, THREADS, sequential=True, profile_prefix=prefix)
+        for _ in range(10 + runs):
+            session.run(None, feeds)
+        trace = session.end_profiling()
+        with open(trace) as f:
+            events = json.load(f)
+        os.remove(trace)
+        first = sorted(e["ts"] for e in events if e.get("name") == "model_run")[10]
+        total = sum(e["dur"] for e in events if e.get("cat") == "Node" and e["ts"] >= first
+                    and e.get("name", "").endswith("_kernel_time")
+                    and e["args"].get("op_name") != "Mul" and e["name"] != "out_kernel_time")
+        result["fused" if fused else "unfused"] = total / runs / 30
+    return result
 
 
 def latency(paths: Dict[str, str], feeds: dict, warmup: int, runs: int) -> Dict[str, List[float]]:
@@ -120,6 +181,8 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="also measure the ceiling (profiler)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="only the kernel comparison on a 30-block residual chain (profiler)")
     args = parser.parse_args(argv)
 
     import tempfile
@@ -128,6 +191,14 @@ def main(argv=None) -> int:
     from passctl.tools.inputs import make_inputs
     from zoo import ZOO
 
+    if args.kernels:
+        with tempfile.TemporaryDirectory(prefix="ort_skip_rmsnorm_") as tmp:
+            for seq in (int(s) for s in args.seqs.split(",")):
+                k = kernel_us(seq, max(args.runs, 100), str(Path(tmp) / "prof"))
+                print(f"seq {seq} kernels per block: Add + SimplifiedLayerNormalization {k['unfused']:.2f} us, "
+                      f"SkipSimplifiedLayerNormalization {k['fused']:.2f} us "
+                      f"(fused/unfused {k['fused'] / k['unfused']:.2f})")
+        return 0
     entry = ZOO["smollm2"]
     with tempfile.TemporaryDirectory(prefix="ort_skip_rmsnorm_") as tmp:
         paths = prepare(entry.path, Path(tmp))
@@ -141,10 +212,11 @@ def main(argv=None) -> int:
                 outs[v] = dict(zip(names, session.run(names, feeds)))
             max_rel = compare(outs["before"], outs["after"]).max_rel
             if args.profile:
-                c = ceiling(paths["before"], feeds, args.warmup, min(args.runs, 20), str(Path(tmp) / "prof"))
-                print(f"seq {seq} ceiling: {c['adds']} residual Adds {c['add_ms']:.3f} ms + {c['norms']} "
-                      f"SimplifiedLayerNormalization {c['norm_ms']:.3f} ms of {c['run_ms']:.2f} ms per run "
-                      f"= {100 * c['share']:.2f}%")
+                for v in ("before", "after"):
+                    c = ceiling(paths[v], feeds, args.warmup, min(args.runs, 30), str(Path(tmp) / "prof"))
+                    print(f"seq {seq} {v} profile: {c['adds']} residual Adds {c['add_ms']:.3f} ms + {c['norms']} "
+                          f"(Skip)SimplifiedLayerNormalization {c['norm_ms']:.3f} ms of {c['run_ms']:.2f} ms "
+                          f"per run = {100 * c['share']:.2f}%")
             times = latency(paths, feeds, args.warmup, args.runs)
             med = {v: statistics.median(t) for v, t in times.items()}
             p20 = {v: statistics.quantiles(t, n=5)[0] for v, t in times.items()}
