@@ -1,8 +1,8 @@
 """SmolLM2-135M on ONNX Runtime's CPU provider: passctl fuse with and without fuse-skip-rmsnorm.
 
-Run ``python benchmarks/ort_skip_rmsnorm.py [--seqs 32,128] [--runs 50] [--profile] [--kernels]``. SmolLM2-135M
-comes from the test zoo (``tests/zoo.py``: exported once, cached under ``.cache/``). Variants, each
-``passctl.ir.load`` -> ``PassManager(build_pipeline(P))`` -> ``save``:
+Run ``python benchmarks/ort_skip_rmsnorm.py [--seqs 32,128] [--runs 50] [--profile] [--kernels]``.
+SmolLM2-135M comes from the test zoo (``tests/zoo.py``: exported once, cached under ``.cache/``).
+Variants, each ``passctl.ir.load`` -> ``PassManager(build_pipeline(P))`` -> ``save``:
 
 - ``before``: ``cleanup`` + the cpu ``fuse`` group without ``fuse-skip-rmsnorm`` (residual Add +
   SimplifiedLayerNormalization, what ``fuse`` gave before the SkipRMSNorm family);
@@ -195,7 +195,8 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="ort_skip_rmsnorm_") as tmp:
             for seq in (int(s) for s in args.seqs.split(",")):
                 k = kernel_us(seq, max(args.runs, 100), str(Path(tmp) / "prof"))
-                print(f"seq {seq} kernels per block: Add + SimplifiedLayerNormalization {k['unfused']:.2f} us, "
+                print(f"seq {seq} kernels per block: Add + SimplifiedLayerNormalization "
+                      f"{k['unfused']:.2f} us, "
                       f"SkipSimplifiedLayerNormalization {k['fused']:.2f} us "
                       f"(fused/unfused {k['fused'] / k['unfused']:.2f})")
         return 0
@@ -214,9 +215,9 @@ def main(argv=None) -> int:
             if args.profile:
                 for v in ("before", "after"):
                     c = ceiling(paths[v], feeds, args.warmup, min(args.runs, 30), str(Path(tmp) / "prof"))
-                    print(f"seq {seq} {v} profile: {c['adds']} residual Adds {c['add_ms']:.3f} ms + {c['norms']} "
-                          f"(Skip)SimplifiedLayerNormalization {c['norm_ms']:.3f} ms of {c['run_ms']:.2f} ms "
-                          f"per run = {100 * c['share']:.2f}%")
+                    print(f"seq {seq} {v} profile: {c['adds']} residual Adds {c['add_ms']:.3f} ms + "
+                          f"{c['norms']} (Skip)SimplifiedLayerNormalization {c['norm_ms']:.3f} ms of "
+                          f"{c['run_ms']:.2f} ms per run = {100 * c['share']:.2f}%")
             times = latency(paths, feeds, args.warmup, args.runs)
             med = {v: statistics.median(t) for v, t in times.items()}
             p20 = {v: statistics.quantiles(t, n=5)[0] for v, t in times.items()}

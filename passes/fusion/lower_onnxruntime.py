@@ -137,6 +137,8 @@ class LowerOnnxRuntime(Lowering):
 
     Forms: LayerNorm -> LayerNormalization; SkipLayerNorm -> Add + LayerNormalization (faster than
     com.microsoft.SkipLayerNormalization on the CPU provider, measured); RMSNorm -> SimplifiedLayerNormalization;
+    SkipRMSNorm -> com.microsoft.SkipSimplifiedLayerNormalization (the sum as its 4th output; Add +
+    SimplifiedLayerNormalization for ranks other than 2 and 3);
     Gelu -> com.microsoft Gelu / BiasGelu / FastGelu; SiLU -> com.microsoft.QuickGelu(alpha);
     HardSwish -> HardSwish (opset >= 14) or x * HardSigmoid(x). ``com.microsoft`` (version 1) is added
     to the opset imports when used. The result is for ONNX Runtime only: ``onnx.checker`` does not know

@@ -1,4 +1,4 @@
-"""fuse-skip-rmsnorm: residual Add + RMSNorm -> passctl::SkipRMSNorm, its lowerings, TVM converter, SmolLM2."""
+"""fuse-skip-rmsnorm: residual Add + RMSNorm -> passctl::SkipRMSNorm; lowerings, TVM converter, SmolLM2."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ FUSE = "infer-shapes,fuse-layernorm,fuse-skip-rmsnorm,dce"
 RNG = np.random.default_rng(7)
 W = RNG.uniform(0.5, 1.5, 8).astype(np.float32)
 # LlamaRMSNorm as the dynamo exporter writes it: x * Reciprocal(Sqrt(mean(x^2) + eps)) * weight.
-RMS = ("two = Constant <value = float {2.0}> ()\nsq = Pow (s, two)\nax = Constant <value = int64[1] {-1}> ()\n"
-       "ms = ReduceMean <keepdims=1> (sq, ax)\neps = Constant <value = float {1e-5}> ()\nme = Add (ms, eps)\n"
+RMS = ("two = Constant <value = float {2.0}> ()\nsq = Pow (s, two)\n"
+       "ax = Constant <value = int64[1] {-1}> ()\nms = ReduceMean <keepdims=1> (sq, ax)\n"
+       "eps = Constant <value = float {1e-5}> ()\nme = Add (ms, eps)\n"
        "sd = Sqrt (me)\nr = Reciprocal (sd)\nn = Mul (s, r)\ny = Mul (n, W)\n")
 PRE_NORM = "s = Add (a, h)\n" + RMS + "z = Add (s, y)"  # the sum also feeds the next residual Add
 
