@@ -9,8 +9,9 @@ Variants, each ``passctl.ir.load`` -> ``PassManager(build_pipeline(P))`` -> ``sa
 - ``after``: ``cleanup,fuse`` (SkipRMSNorm lowered by ``lower-onnxruntime``: its statistics are
   printed, e.g. ``SkipRMSNorm->com.microsoft::SkipSimplifiedLayerNormalization``).
 
-Sessions: ``passctl.tools.check.cpu_session`` with ``ORT_ENABLE_ALL``, ``intra_op_num_threads=2``, one
-inter-op thread, ``ORT_SEQUENTIAL``, batch 1. Both sessions are warmed up, then run in interleaved
+Timing sessions: ``ORT_ENABLE_ALL``, ``intra_op_num_threads=2``, one inter-op thread, ``ORT_SEQUENTIAL``,
+``session.intra_op.allow_spinning=0`` (see ``_timing_session``: with spinning the order of two
+interleaved sessions biases their medians), batch 1. Both sessions are warmed up, then run in interleaved
 rounds (alternating which goes first), so load from other processes hits both alike; the median and
 20th percentile of ``--runs`` runs are printed in milliseconds, with ``after``'s max relative error
 against ``before`` (``passctl.tools.check.compare``).
@@ -157,11 +158,24 @@ def kernel_us(seq: int, runs: int, prefix: str) -> Dict[str, float]:
     return result
 
 
-def latency(paths: Dict[str, str], feeds: dict, warmup: int, runs: int) -> Dict[str, List[float]]:
-    """Milliseconds per run of each variant, interleaved rounds."""
-    from passctl.tools.check import cpu_session
+def _timing_session(path: str):
+    """``ORT_ENABLE_ALL``, 2 intra-op threads, sequential, and no spinning: with ONNX Runtime's default
+    spin-wait, the idle threads of one session slow the next session's run, and in interleaved rounds
+    the first-listed of two identical sessions measured a 19% higher median (A/A test, seq 32)."""
+    import onnxruntime as ort
 
-    sessions = {v: cpu_session(p, True, THREADS, sequential=True) for v, p in paths.items()}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def latency(paths: Dict[str, str], feeds: dict, warmup: int, runs: int) -> Dict[str, List[float]]:
+    """Milliseconds per run of each variant, interleaved rounds (see :func:`_timing_session`)."""
+    sessions = {v: _timing_session(p) for v, p in paths.items()}
     order = list(sessions)
     for _ in range(warmup):
         for v in order:
