@@ -119,6 +119,8 @@ class TritonLibrary:
         self.tune = tune
         self.fp32_precision = fp32_precision
         self.kernels: Dict[Any, Kernel] = {}
+        #: (kernel, grid) by ("gemm" | "attention", spec) (triton_specs._once)
+        self.specialized: Dict[Any, Tuple[Kernel, Tuple[int, int, int]]] = {}
         #: launcher PrimFuncs by (kernel, buffers, pointers, grid) (triton_dispatch._call_kernel)
         self.launchers: Dict[Any, Any] = {}
         self.log: List[Dict[str, Any]] = []  # one entry per specialization, for the manifest

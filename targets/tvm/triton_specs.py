@@ -13,6 +13,12 @@ from passctl.targets.tvm.triton_library import Kernel, TritonLibrary, _cdiv, _co
 
 logger = logging.getLogger(__name__)
 
+TUNE_REP_MS = 100
+"""Milliseconds ``triton.testing.do_bench`` times each tile candidate for when tuning. A choice is
+made once per specialization (:func:`_once`), so one timing decides every layer that shares it:
+long enough that noise does not pick between near-equal tiles (20 ms, when every layer re-timed
+its candidates, gave BERT's identical FFN-up GEMMs two different tiles on the H200)."""
+
 
 # -- GEMM ------------------------------------------------------------------------------------
 
@@ -63,12 +69,27 @@ class GemmSpec:
         return " ".join(p for p in parts if p)
 
 
+def _once(lib: TritonLibrary, key, build):
+    """``build()``'s ``(kernel, grid)``, computed once per ``key`` in ``lib``: a model's repeated
+    layers share each specialization's compilation and tile tuning (BERT-base's 12 FFN-up GEMMs
+    were tuned 12 times, and timing noise gave them two different tiles)."""
+    hit = lib.specialized.get(key)
+    if hit is None:
+        hit = lib.specialized[key] = build()
+    return hit
+
+
 def gemm_kernel_for(lib: TritonLibrary, spec: GemmSpec) -> Tuple[Kernel, Tuple[int, int, int]]:
-    """Compile the GEMM kernel for ``spec``; returns it and its grid.
+    """Compile (once per ``spec`` in ``lib``) the GEMM kernel for ``spec``; returns it and its grid.
 
     Raises:
         ValueError: no tile configuration fits the device's shared memory.
     """
+    return _once(lib, ("gemm", spec), lambda: _gemm_kernel_for(lib, spec))
+
+
+def _gemm_kernel_for(lib: TritonLibrary, spec: GemmSpec) -> Tuple[Kernel, Tuple[int, int, int]]:
+    """:func:`gemm_kernel_for` without the cache."""
     from passctl.targets.tvm.triton_kernels import gemm_kernel
 
     precision = "none" if spec.dtype != "float32" else lib.fp32_precision
@@ -99,7 +120,7 @@ def gemm_kernel_for(lib: TritonLibrary, spec: GemmSpec) -> Tuple[Kernel, Tuple[i
         run = lambda: gemm_kernel[(grid_of(c), 1)](a, b, bias, out, out, **args,  # noqa: E731
                                                    num_warps=c["num_warps"],
                                                    num_stages=c["num_stages"])
-        return triton.testing.do_bench(run, warmup=5, rep=20)
+        return triton.testing.do_bench(run, warmup=5, rep=TUNE_REP_MS)
 
     pointers = {p: spec.dtype for p in ("a_ptr", "b_ptr", "bias_ptr", "res_ptr", "c_ptr")}
     kernel, c = _compile_fitting(lib, gemm_kernel, pointers, constexprs,
@@ -153,12 +174,18 @@ def _attention_candidates(d: int, precision: str = "none") -> List[Dict[str, int
 
 
 def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kernel, Tuple[int, int, int]]:
-    """Compile the FlashAttention kernel for ``spec``; returns it and its grid.
+    """Compile (once per ``spec`` in ``lib``) the FlashAttention kernel for ``spec``; returns it
+    and its grid.
 
     Raises:
         ValueError: the mask broadcasts over the key axis, or no tile configuration fits the
             device's shared memory (the caller falls back to TVM's kernels).
     """
+    return _once(lib, ("attention", spec), lambda: _attention_kernel_for(lib, spec))
+
+
+def _attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kernel, Tuple[int, int, int]]:
+    """:func:`attention_kernel_for` without the cache."""
     from passctl.targets.tvm.triton_kernels import attention_kernel
 
     precision = "none" if spec.dtype != "float32" else lib.fp32_precision
@@ -205,7 +232,7 @@ def attention_kernel_for(lib: TritonLibrary, spec: AttentionSpec) -> Tuple[Kerne
         args = constexprs(c)
         run = lambda: attention_kernel[grid(c)](  # noqa: E731
             q, k, v, mask, o, **args, num_warps=c["num_warps"], num_stages=c["num_stages"])
-        return triton.testing.do_bench(run, warmup=5, rep=20)
+        return triton.testing.do_bench(run, warmup=5, rep=TUNE_REP_MS)
 
     pointers = {"q_ptr": spec.dtype, "k_ptr": spec.dtype, "v_ptr": spec.dtype,
                 "mask_ptr": spec.mask_dtype if spec.mask_kind else spec.dtype, "o_ptr": spec.dtype}

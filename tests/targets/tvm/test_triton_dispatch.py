@@ -85,6 +85,29 @@ def test_tile_choice_fills_the_sms_and_compute_capability_is_the_target():
     assert lib.log[-1]["what"] == "attention B2 H4/2 S100 T100 D80 float16 causal"
 
 
+def test_each_specialization_is_tuned_once_per_library(monkeypatch):
+    """Repeated layers (BERT's 12 identical FFN GEMMs) share one tile choice: the candidates are
+    timed once per spec, not once per call (each timing picked its own tile, by noise)."""
+    picks = []
+    pick = TritonLibrary._pick
+
+    def counting_pick(self, candidates, grid_of, bench):
+        picks.append(len(candidates))
+        return pick(self, candidates, grid_of, None)  # no GPU here: the heuristic choice
+
+    monkeypatch.setattr(TritonLibrary, "_pick", counting_pick)
+    lib = TritonLibrary((9, 0), 132, tune=True)
+    spec = GemmSpec(1, 256, 128, 64, "float32", bias=True)
+    first = gemm_kernel_for(lib, spec)
+    assert gemm_kernel_for(lib, spec) is first and gemm_kernel_for(lib, GemmSpec(
+        1, 256, 128, 64, "float32", bias=True)) is first
+    assert len(picks) == 1
+    gemm_kernel_for(lib, GemmSpec(1, 256, 128, 64, "float32"))  # no bias: another kernel
+    attn = AttentionSpec(1, 2, 2, 64, 64, 64, 64, "float16", 0.125)
+    assert attention_kernel_for(lib, attn) is attention_kernel_for(lib, attn)
+    assert len(picks) == 3 and len(lib.log) == 3
+
+
 def test_library_rejects_unknown_fp32_precision():
     from passctl.ir.errors import UserError
 
