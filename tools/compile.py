@@ -319,11 +319,12 @@ def _calibrate_at(flat, sizes: Dict[str, int], console, quiet: bool) -> None:
                               "choose)", markup=False, highlight=False)
 
 
-def _check_inputs(reference: str, dims: Dict[str, int], overrides: Dict[str, Any],
+def _check_inputs(header, dims: Dict[str, int], overrides: Dict[str, Any],
                   checking: bool) -> None:
     """Check ``--dim`` names and ``--inputs`` arrays against the model's graph inputs up front
     (before any pass runs); with ``checking`` (``--check`` or ``--check-each``) also resolve every
-    input's shape, so sizes that do not fit in memory fail now.
+    input's shape, so sizes that do not fit in memory fail now. ``header``: the original model's
+    :func:`passctl.tools.inputs.load_header` (``None`` when none of these options is given).
 
     Raises:
         UserError: a ``--dim`` name matches no symbolic dimension, an array names no input or has
@@ -333,9 +334,9 @@ def _check_inputs(reference: str, dims: Dict[str, int], overrides: Dict[str, Any
     from passctl.tools.inputs import check_dim_names, plan_inputs
 
     if dims:
-        check_dim_names(reference, dims)
+        check_dim_names(header, dims)
     if checking or overrides:
-        plan_inputs(reference, dim_values=dims, overrides=overrides)
+        plan_inputs(header, dim_values=dims, overrides=overrides)
 
 
 def _check_writable_folder(folder: str, option: str) -> None:
@@ -412,6 +413,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     from passctl.targets import get_emitter, get_target
     from passctl.tools.cli import InternalError
     from passctl.tools.commands import load_plugins
+    from passctl.tools.inputs import load_header
     from passctl.tools.instrument_setup import build_instruments, instruments_report
 
     start = time.perf_counter()
@@ -439,13 +441,16 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         progress.update("loaded", advance=1)
         t_loaded = time.perf_counter()
 
-        _check_inputs(reference, dims, overrides, bool(args.check or args.check_each))
+        checking = bool(args.check or args.check_each)
+        # The original's graph inputs, read once for --dim, --inputs, --check-each and --check.
+        header = load_header(reference) if checking or dims or overrides else None
+        _check_inputs(header, dims, overrides, checking)
         _calibrate_at(flat, emitter.input_sizes(model), console, args.quiet)
         _check_print_ir_names(args, flat)
         if args.dump_ir:
             _check_writable_folder(args.dump_ir, "--dump-ir")
         try:
-            instruments = build_instruments(args, reference, dims, overrides) + [
+            instruments = build_instruments(args, reference, header, dims, overrides) + [
                 _ProgressInstrument(progress)]
         except UserError:
             raise
@@ -498,8 +503,8 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             report["check"] = None
             if args.check:
                 progress.update("checking against the original", advance=1)
-                report["check"] = _run_check(reference, os.path.join(folder, "model.onnx"), args,
-                                             dims, overrides, known)
+                report["check"] = _run_check(reference, header, os.path.join(folder, "model.onnx"),
+                                             args, dims, overrides, known)
                 for warning in report["check"]["warnings"]:
                     report["warnings"].append(warning)
                     print(f"passctl: warning: {warning}", file=sys.stderr)
@@ -574,7 +579,7 @@ def _check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],
     return crash
 
 
-def _run_check(reference: str, candidate: str, args, dims, overrides,
+def _run_check(reference: str, header, candidate: str, args, dims, overrides,
                known: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None) -> Dict[str, Any]:
     """The numeric check's report entry: inputs used, per-output errors, worst errors, ``ok``.
 
@@ -590,8 +595,10 @@ def _run_check(reference: str, candidate: str, args, dims, overrides,
     ``error`` and ``ok``, and ``metric``, ``rtol``, ``metric_error`` repeat the first. A TVM
     artifact's folder (``candidate``'s folder holds its manifest) runs in ``tvm.runtime`` on inputs
     of the static shapes in its manifest; without ``dims``, a TensorRT artifact's inputs take its
-    optimization profile's OPT sizes. ``known``: ``(inputs, outputs)`` of the original already run
-    (``--check-each``'s), reused when the check's inputs are the same arrays.
+    optimization profile's OPT sizes. ``header``: ``reference``'s
+    :func:`passctl.tools.inputs.load_header`, read once per compile. ``known``: ``(inputs,
+    outputs)`` of the original already run (``--check-each``'s), reused when the check's inputs are
+    the same arrays.
 
     Raises:
         UserError: the original model itself fails on the inputs (sizes that do not fit it).
@@ -602,7 +609,7 @@ def _run_check(reference: str, candidate: str, args, dims, overrides,
 
     folder = os.path.dirname(candidate)
     tvm = is_tvm_artifact(folder)
-    plan = plan_inputs(reference, dim_values=_candidate_dims(folder, candidate, dims, tvm),
+    plan = plan_inputs(header, dim_values=_candidate_dims(folder, candidate, dims, tvm),
                        overrides=overrides)
     sources = {k: "artifact" if v == "given" and k not in dims else v
                for k, v in plan.dim_sources.items()}

@@ -37,6 +37,24 @@ def _load_header(model: Union[onnx.ModelProto, str]) -> onnx.ModelProto:
         raise UserError(f"{model}: cannot read the ONNX model ({error}); pass a valid .onnx path") from error
 
 
+def load_header(path: str) -> onnx.ModelProto:
+    """The ONNX model at ``path`` as far as input planning needs it, read once by a caller that
+    plans several times (``compile``: ``--dim`` names, ``--inputs``, ``--check-each``, ``--check``).
+
+    External data is not read, and every initializer's data is dropped (its name is kept, so
+    :func:`graph_inputs` still tells initializers from inputs), so holding it costs little memory.
+
+    Raises:
+        UserError: the file cannot be read or is not ONNX.
+    """
+    proto = _load_header(path)
+    for tensor in proto.graph.initializer:
+        name = tensor.name
+        tensor.Clear()
+        tensor.name = name
+    return proto
+
+
 def graph_inputs(model: onnx.ModelProto) -> list:
     """The graph inputs that are not initializers (IR version < 4 lists initializers as inputs too).
 

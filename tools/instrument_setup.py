@@ -27,7 +27,7 @@ def default_reproducer_dir() -> str:
                         f"passctl-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
 
 
-def build_instruments(args, reference: str, dims: Dict[str, int],
+def build_instruments(args, reference: str, header, dims: Dict[str, int],
                       overrides: Dict[str, Any]) -> List[Any]:
     """The instruments for parsed compile ``args``.
 
@@ -39,6 +39,8 @@ def build_instruments(args, reference: str, dims: Dict[str, int],
     Args:
         args: the parsed ``compile`` arguments (``check_bounds`` set by ``compile``).
         reference: path of the original model as ONNX (for ``--check-each``).
+        header: ``reference``'s :func:`passctl.tools.inputs.load_header` (with ``--check-each``),
+            so the inputs are planned without reading the file again.
         dims: ``--dim`` sizes of symbolic input dimensions.
         overrides: ``--inputs`` arrays by input name.
     """
@@ -56,7 +58,7 @@ def build_instruments(args, reference: str, dims: Dict[str, int],
     if args.check_each:
         from passctl.tools.check import make_inputs
 
-        inputs = make_inputs(reference, seed=args.seed, dim_values=dims, overrides=overrides)
+        inputs = make_inputs(header, seed=args.seed, dim_values=dims, overrides=overrides)
         instruments.append(CheckEach(reference, inputs=inputs, write=_stdout, atol=args.atol,
                                      bounds=[(m, r) for m, r, _ in args.check_bounds]))
     if args.timing:
