@@ -68,6 +68,19 @@ def dtype_rtol(dtype) -> float:
             return 0.0
 
 
+def constant_close(arr: np.ndarray, value, rtol: float) -> bool:
+    """Whether every element of the constant ``arr`` equals ``value`` (numpy broadcasting) within
+    ``rtol`` relative, or, with ``rtol > 0``, within the rounding of ``arr``'s own dtype when that
+    is coarser (:func:`dtype_rtol`); ``rtol == 0`` asks for equality. False for an empty or
+    non-numeric ``arr``."""
+    try:
+        tol = max(rtol, dtype_rtol(arr.dtype)) if rtol > 0 else 0.0
+        return arr.size > 0 and bool(np.all(np.isclose(
+            arr.astype(np.float64), np.asarray(value, dtype=np.float64), rtol=tol, atol=0.0)))
+    except (TypeError, ValueError):
+        return False
+
+
 class ConstantPattern:
     """Matches a constant (initializer or ``Constant`` node output) equal to ``value`` within
     ``rtol`` (numpy broadcasting: a scalar matches a tensor whose elements all equal it). With
@@ -307,13 +320,7 @@ class Matcher:
             if arr is None:
                 self._fail(m, f"input {i} of {_label(node)} ('{val.name}') is not a constant", node)
                 return
-            try:
-                rtol = max(pat.rtol, dtype_rtol(arr.dtype)) if pat.rtol > 0 else 0.0
-                ok = arr.size > 0 and bool(np.all(np.isclose(arr.astype(np.float64), pat.value.astype(
-                    np.float64), rtol=rtol, atol=0.0)))
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
+            if not constant_close(arr, pat.value, pat.rtol):
                 self._fail(m, f"input {i} of {_label(node)} is not the constant {pat.value.tolist()}", node)
                 return
             yield from self._inputs(want, ins, i + 1, m, node)

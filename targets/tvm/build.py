@@ -235,12 +235,11 @@ def gelu_from_formula(mod, func_name: str = "main"):
         is_op("relax.tanh")(inner), one))
     count = [0]
 
-    def near(expr, value: float) -> bool:  # within 1e-6, or the rounding of an fp16 constant
-        from passctl.passes.rewrite.pattern import dtype_rtol
+    def near(expr, value: float) -> bool:  # a scalar, as the rewrite rules match constants
+        from passctl.passes.rewrite.pattern import constant_close
 
         arr = np.asarray(expr.value.numpy() if hasattr(expr.value, "numpy") else expr.value)
-        rtol = max(1e-6, dtype_rtol(arr.dtype))
-        return arr.size == 1 and bool(np.isclose(float(arr.reshape(())), value, rtol=rtol, atol=0))
+        return arr.size == 1 and constant_close(arr, value, 1e-6)
 
     def rewrite(op, form):
         def _rewrite(expr, matches):
