@@ -12,6 +12,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from passctl.ir.errors import UserError
+from passctl.tools.cli import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +83,6 @@ def _damaged(folder: str, name: str, what: str) -> UserError:
                      "artifact again")
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
-
-
 def _load_header(folder: str):
     """The artifact's ``model.onnx`` without its weights (the inputs for ``make_inputs``).
 
@@ -135,7 +131,7 @@ class _Runner:
                                 f"(pip install 'passctl[tvm]'): {e}") from e
             except (KeyError, TypeError, ValueError) as e:
                 raise _damaged(folder, "manifest.json", f"lacks an entry or has a wrong one "
-                               f"({type(e).__name__}: {_first_line(e)})") from None
+                               f"({type(e).__name__}: {one_line(e)[:200]})") from None
             self.header = onnx.helper.make_model(onnx.helper.make_graph([], "inputs", graph_inputs, []))
             return
         self.header = _load_header(folder)
@@ -154,13 +150,13 @@ class _Runner:
 
                     what = ("is not valid JSON" if isinstance(e, json.JSONDecodeError) else
                             "lacks an entry or has a wrong one "
-                            f"({type(e).__name__}: {_first_line(e)})")
+                            f"({type(e).__name__}: {one_line(e)[:200]})")
                     raise _damaged(folder, "session.json", what) from None
         except Exception as e:
             if not _ort_error(e):
                 raise
             raise _damaged(folder, "model.onnx", "does not load in ONNX Runtime "
-                           f"({_first_line(e)})") from None
+                           f"({one_line(e)[:200]})") from None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
         if self.kind == "tvm":
