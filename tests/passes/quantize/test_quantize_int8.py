@@ -13,6 +13,7 @@ from passctl.ir.errors import UserError
 from passctl.passes import PassManager, build_pipeline
 from passctl.passes.pipeline_text import PipelineSyntaxError
 from passctl.targets.tensorrt.support import check_support
+from passctl.tools.check import run_onnxruntime
 
 
 def _small_model() -> onnx.ModelProto:
@@ -46,10 +47,16 @@ def _quantize(proto: onnx.ModelProto, options: str = "", target: str = "cpu"):
     return model, to_onnx(model), stats
 
 
-def _run(proto: onnx.ModelProto, feed):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(proto.SerializeToString(), options).run(None, feed)[0]
+def _run(proto: onnx.ModelProto, feed, optimize: bool = False):
+    """Output y on ONNX Runtime (:func:`passctl.tools.check.run_onnxruntime`, unoptimized)."""
+    return run_onnxruntime(proto, feed, optimize=optimize)["y"]
+
+
+def _float_f(feeds):
+    """The MatMul's input ``f`` of the float model on each feed, computed by ONNX Runtime."""
+    exposed = _small_model()
+    exposed.graph.output.append(helper.make_tensor_value_info("f", TensorProto.FLOAT, None))
+    return [run_onnxruntime(exposed, feed)["f"] for feed in feeds]
 
 
 def _feeds(count: int = 2, seed: int = 0):
@@ -116,11 +123,7 @@ def test_activation_scales_from_calibration(calibration, target):
     want = (x.max() if calibration == "minmax" else np.percentile(x, 90)) / 127.0
     np.testing.assert_allclose(float(scale), want, rtol=1e-6)
     # the MatMul's input: the model's own intermediate value, computed by ONNX Runtime here
-    exposed = onnx.ModelProto()
-    exposed.CopyFrom(original)
-    exposed.graph.output.append(helper.make_tensor_value_info("f", TensorProto.FLOAT, None))
-    session = ort.InferenceSession(exposed.SerializeToString())
-    f = np.concatenate([np.abs(session.run(["f"], feed)[0]).ravel() for feed in feeds])
+    f = np.concatenate([np.abs(f).ravel() for f in _float_f(feeds)])
     _, scale_f, _, _ = _dq_of(proto, "matmul", 0)
     want_f = (f.max() if calibration == "minmax" else np.percentile(f, 90)) / 127.0
     np.testing.assert_allclose(float(scale_f), want_f, rtol=1e-5)
@@ -140,7 +143,7 @@ def test_qdq_model_runs_and_error_is_the_reported_one(target):
     # the reported error is the measured one
     assert worst == pytest.approx(stats["error"], rel=1e-3)
     # ONNX Runtime with its QDQ fusions (int8 kernels) computes the same graph
-    fused = ort.InferenceSession(proto.SerializeToString()).run(None, _feeds()[0])[0]
+    fused = _run(proto, _feeds()[0], optimize=True)
     np.testing.assert_allclose(fused, _run(proto, _feeds()[0]), rtol=1e-3, atol=1e-4)
 
 
@@ -414,10 +417,7 @@ def test_local_sensitivity_of_matmul_matches_numpy(outputs):
     scales, _ = calibrate(model, layers, feeds, "minmax", 99.99, outputs)
     sens = sensitivity(model, layers, scales, feeds, {}, False, outputs)
     matmul = next(l for l in layers if l.op == "MatMul")
-    exposed = _small_model()
-    exposed.graph.output.append(helper.make_tensor_value_info("f", TensorProto.FLOAT, None))
-    session = ort.InferenceSession(exposed.SerializeToString())
-    f_all = [session.run(["f"], feed)[0].astype(np.float64) for feed in feeds]
+    f_all = [f.astype(np.float64) for f in _float_f(feeds)]
     m = next(numpy_helper.to_array(i) for i in _small_model().graph.initializer if i.name == "M")
 
     def fake(x, s):

@@ -7,10 +7,10 @@ import json
 import os
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from ocr_images import det_input, write_feeds
+from passctl.tools.check import cpu_session
 from passctl.tools.cli import main
 
 _MODELS = os.path.join(os.path.dirname(importlib.util.find_spec("rapidocr_onnxruntime").origin),
@@ -18,10 +18,10 @@ _MODELS = os.path.join(os.path.dirname(importlib.util.find_spec("rapidocr_onnxru
 DET = os.path.join(_MODELS, "ch_PP-OCRv4_det_infer.onnx")
 
 
-def _session(path, level):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = level
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+def _session(path, level: str):
+    """A CPU session of ``path`` at ONNX Runtime graph optimization ``level`` (e.g.
+    ``"ORT_ENABLE_ALL"``, :func:`passctl.tools.check.cpu_session`)."""
+    return cpu_session(str(path), optimize=level)
 
 
 def _mean_rel(reference, candidate, feeds) -> float:
@@ -48,10 +48,9 @@ def test_ppocr_det_cpu_error_and_check_are_the_shipped_sessions(tmp_path, capsys
     stats = next(p["stats"] for p in report["passes"] if p["name"] == "quantize-int8")
     assert json.loads((out / "session.json").read_text())["graph_optimization_level"] == \
         "ORT_ENABLE_ALL"
-    level = ort.GraphOptimizationLevel
-    original = _session(DET, level.ORT_DISABLE_ALL)
-    shipped = _session(out / "model.onnx", level.ORT_ENABLE_ALL)
-    unfused = _session(out / "model.onnx", level.ORT_DISABLE_ALL)
+    original = _session(DET, "ORT_DISABLE_ALL")
+    shipped = _session(out / "model.onnx", "ORT_ENABLE_ALL")
+    unfused = _session(out / "model.onnx", "ORT_DISABLE_ALL")
     as_shipped = _mean_rel(original, shipped, feeds)
     as_written = _mean_rel(original, unfused, feeds)
     # the QLinearConv kernels' fixed-point requantization changes the error measurably
@@ -89,6 +88,6 @@ def test_check_runs_onnxruntime_artifacts_as_session_json_and_tensorrt_as_writte
     from passctl.tools.inputs import make_inputs
 
     feed = make_inputs(model, seed=3)
-    original = _session(model, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    candidate = _session(out / "model.onnx", getattr(ort.GraphOptimizationLevel, level))
+    original = _session(model, "ORT_DISABLE_ALL")
+    candidate = _session(out / "model.onnx", level)
     assert entry["metric_error"] == pytest.approx(_mean_rel(original, candidate, [feed]), rel=1e-9)

@@ -92,10 +92,10 @@ def test_ppocr_cls_quantize_meets_budget_and_falls_back(tmp_path, capsys):
 def test_minilm_matmuls_meet_the_budget(tmp_path):
     # all-MiniLM-L6-v2 (real weights, cached export from tests/corpus.py): the 2-D weight MatMuls
     from corpus import CORPUS
-    import onnxruntime as ort
 
     from passctl.ir import load, save
     from passctl.passes import PassManager, build_pipeline
+    from passctl.tools.check import cpu_session
     from passctl.tools.inputs import make_inputs
 
     path = CORPUS["minilm_legacy"].path
@@ -106,13 +106,11 @@ def test_minilm_matmuls_meet_the_budget(tmp_path):
     save(model, str(tmp_path / "q.onnx"))
     assert stats["quantized_layers"] >= 1 and stats["error"] <= 2e-2
     assert {l["op"] for l in stats["layers"] if l["precision"] == "int8"} == {"MatMul"}
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    original, quantized = cpu_session(path), cpu_session(str(tmp_path / "q.onnx"))  # unoptimized
     worst = 0.0
     for seed in (0, 1):  # the pass's random feeds: samples=2, seed=0
         feed = make_inputs(path, seed=seed, dim_values={"batch": 1, "sequence": 16})
-        ref = ort.InferenceSession(path, options).run(None, feed)
-        got = ort.InferenceSession(str(tmp_path / "q.onnx"), options).run(None, feed)
+        ref, got = original.run(None, feed), quantized.run(None, feed)
         for r, c in zip(ref, got):
             r, c = r.astype(np.float64), c.astype(np.float64)
             worst = max(worst, np.abs(r - c).sum() / np.abs(r).sum())
