@@ -215,8 +215,7 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     except Exception as e:
         if not isinstance(e, (KeyError, ValueError)) and not _is_ort_input_error(e):
             raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"artifact '{folder}': the inputs do not fit: {first}") from e
+        raise UserError(f"artifact '{folder}': the inputs do not fit: {one_line(e)}") from e
     return runner.kind, outputs, times
 
 
