@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from passctl.ir import Graph, Model, Tensor
 from passctl.targets.base import EmitError, Emitter
@@ -154,7 +154,7 @@ class OnnxRuntimeEmitter(Emitter):
         with open(os.path.join(folder, SESSION_FILE), "w") as f:
             json.dump(cfg, f, indent=2)
             f.write("\n")
-        load = load_check(path, gpu=target.is_gpu)
+        load = load_check(path, gpu=target.is_gpu, optimize=cfg["graph_optimization_level"])
         files = sorted(os.listdir(folder))
         logger.info("onnxruntime artifact: %s (%d weight bytes, external=%s)", files, nbytes,
                     external)
@@ -179,8 +179,15 @@ def write_onnx(model: Model, folder: str,
     return path, nbytes, external
 
 
-def load_check(path: str, gpu: bool = False) -> Dict[str, Any]:
-    """Open the ONNX file ``path`` in ONNX Runtime (CPU provider) to prove it is a valid model.
+def load_check(path: str, gpu: bool = False,
+               optimize: Union[bool, str] = "ORT_ENABLE_ALL") -> Dict[str, Any]:
+    """Open the ONNX file ``path`` in ONNX Runtime (CPU provider, session options from
+    :func:`passctl.tools.check.cpu_session`) to prove it is a valid model.
+
+    ``optimize`` is the graph optimization level the session loads with, that of how the artifact
+    is run: ``session.json``'s level for an ONNX Runtime artifact; ``False`` (``ORT_DISABLE_ALL``)
+    for a model another runtime parses as written (TensorRT), where ONNX Runtime's CPU graph
+    rewrites would be work for nothing.
 
     For a GPU artifact (``gpu``), a missing CPU kernel (ONNX Runtime's NOT_IMPLEMENTED: the CPU
     execution provider has no bfloat16 MatMul or Conv, which CUDA and TensorRT run) does not make
@@ -195,13 +202,11 @@ def load_check(path: str, gpu: bool = False) -> Dict[str, Any]:
         EmitError: ONNX Runtime cannot load it (its first message line), or, for a GPU artifact
             without a CPU kernel, the checker refuses it.
     """
-    import onnxruntime as ort
+    from passctl.tools.check import cpu_session
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 4  # fatal only: the exception carries the message (no stray log line)
     start = time.perf_counter()
     try:
-        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        sess = cpu_session(path, optimize=optimize)  # logs fatal only: the error has it
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
         first = str(e).splitlines()[0]
         if gpu and "NOT_IMPLEMENTED" in first:

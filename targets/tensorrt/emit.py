@@ -198,7 +198,7 @@ class TensorRTEmitter(Emitter):
             logger.warning("%s", line)
         profile = optimization_profile(model, self.ranges)
         path, nbytes, _ = write_onnx(model, folder, self.external_data_threshold)
-        load = load_check(path, gpu=True)
+        load = load_check(path, gpu=True, optimize=False)  # TensorRT parses it as written
         manifest: Dict[str, Any] = {
             "schema": MANIFEST_SCHEMA,
             "model": MODEL_FILE,

@@ -164,3 +164,33 @@ def test_bf16_gpu_artifact_without_a_cpu_kernel_is_validated_by_the_checker(tmp_
         ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     with pytest.raises(EmitError, match="ONNX Runtime cannot load the emitted model"):
         load_check(str(tmp_path / "a100" / "model.onnx"))  # a cpu artifact must run on the CPU
+
+
+@pytest.mark.parametrize("optimize", ["ORT_ENABLE_ALL", False])
+def test_load_check_at_either_optimization_level(tmp_path, optimize):
+    """The TensorRT emitter's load check runs unoptimized (TensorRT parses the graph as written):
+    it still proves the model loads, refuses a broken one, and falls back to onnx.checker for a
+    GPU artifact without a CPU kernel, as at the ONNX Runtime artifact's ORT_ENABLE_ALL."""
+    from passctl.targets.onnxruntime.emit import load_check
+
+    good = str(tmp_path / "good.onnx")
+    onnx.save(_conv_relu_proto(), good)
+    info = load_check(good, optimize=optimize)
+    want = ort.InferenceSession(good, providers=["CPUExecutionProvider"])
+    assert info["provider"] == "CPUExecutionProvider"
+    assert info["inputs"] == [i.name for i in want.get_inputs()]
+    assert info["outputs"] == [o.name for o in want.get_outputs()]
+    bad_proto = _conv_relu_proto()
+    bad_proto.graph.node[0].input[1] = "missing"
+    bad = str(tmp_path / "bad.onnx")
+    onnx.save(bad_proto, bad)
+    with pytest.raises(EmitError, match="ONNX Runtime cannot load the emitted model"):
+        load_check(bad, optimize=optimize)
+    w = helper.make_tensor("w", TensorProto.BFLOAT16, [4, 4], [1.0] * 16)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2, 4])], [w])
+    path = str(tmp_path / "bf16.onnx")  # ONNX Runtime's CPU provider has no bfloat16 MatMul
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    info = load_check(path, gpu=True, optimize=optimize)
+    assert info["provider"] is None and info["inputs"] == ["x"] and info["outputs"] == ["y"]
