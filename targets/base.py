@@ -89,6 +89,24 @@ class Emitter:
         return info
 
 
+def dtype_name(value) -> Optional[str]:
+    """The numpy name of ``value``'s element type (``"float16"``), or None when ``value`` is None
+    or untyped."""
+    if value is None or value.dtype is None:
+        return None
+    import numpy as np
+
+    return np.dtype(value.dtype.numpy()).name
+
+
+def value_specs(values) -> List[Dict[str, Any]]:
+    """A manifest's ``inputs`` / ``outputs``: ``[{"name", "shape", "dtype"}]`` for graph values
+    (``shape``: the dims, ints or ``dim_param`` names, None for an unknown rank; ``dtype``: see
+    :func:`dtype_name`)."""
+    return [{"name": v.name, "shape": list(v.shape.dims) if v.shape is not None else None,
+             "dtype": dtype_name(v)} for v in values]
+
+
 @contextlib.contextmanager
 def atomic_output_dir(out: str) -> Iterator[str]:
     """Yield a fresh staging folder next to ``out``; on success rename it onto ``out``.

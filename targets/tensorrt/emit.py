@@ -13,7 +13,7 @@ import numpy as np
 
 from passctl.ir import Model, Node
 from passctl.ir.errors import UserError
-from passctl.targets.base import Emitter
+from passctl.targets.base import Emitter, dtype_name, value_specs
 from passctl.targets.onnxruntime.emit import (DATA_FILE, EXTERNAL_DATA_THRESHOLD, MODEL_FILE,
                                               load_check, write_onnx)
 from passctl.targets.profiles import TargetProfile
@@ -30,11 +30,6 @@ PRECISION_FILE = "precision.json"
 SCRIPT_FILE = "build_engine.sh"
 
 
-def _dtype_name(value) -> Optional[str]:
-    return np.dtype(value.dtype.numpy()).name if value is not None and value.dtype is not None \
-        else None
-
-
 def layer_precision(node: Node) -> Optional[str]:
     """The element type ``node`` computes in, as a numpy dtype name (``"float16"``): that of its
     first floating-point output, else of its first typed output (an int8 QuantizeLinear, a bool
@@ -42,7 +37,7 @@ def layer_precision(node: Node) -> Optional[str]:
     from its inputs; None when nothing is typed. In a strongly typed TensorRT network this is the
     layer's precision (TensorRT developer guide, "Strongly Typed Networks")."""
     for values in (node.outputs, node.inputs):
-        names = [_dtype_name(v) for v in values if v is not None]
+        names = [dtype_name(v) for v in values if v is not None]
         floats = [n for n in names if n is not None and np.issubdtype(np.dtype(n), np.floating)]
         found = floats[0] if floats else next((n for n in names if n is not None), None)
         if found is not None:
@@ -59,11 +54,6 @@ def precision_table(model: Model) -> Dict[str, Any]:
               for n in model.graph]
     summary = Counter(layer["precision"] or "untyped" for layer in layers)
     return {"strongly_typed": True, "summary": dict(sorted(summary.items())), "layers": layers}
-
-
-def _value_specs(values) -> List[Dict[str, Any]]:
-    return [{"name": v.name, "shape": list(v.shape.dims) if v.shape is not None else None,
-             "dtype": _dtype_name(v)} for v in values]
 
 
 def trtexec_command(manifest: Dict[str, Any]) -> List[str]:
@@ -207,8 +197,8 @@ class TensorRTEmitter(Emitter):
             "external_data": DATA_FILE if os.path.exists(os.path.join(folder, DATA_FILE)) else None,
             "target": target.to_dict(),
             "parser_support": f"TensorRT {TENSORRT_VERSION} ONNX parser (onnx-tensorrt operators.md)",
-            "inputs": _value_specs(model.graph.inputs),
-            "outputs": _value_specs(model.graph.outputs),
+            "inputs": value_specs(model.graph.inputs),
+            "outputs": value_specs(model.graph.outputs),
             "optimization_profile": profile,
             "strongly_typed": True,
             "tf32": self.tf32,
