@@ -109,7 +109,6 @@ class TensorRTEmitter(Emitter):
         if external_data_threshold < 0:
             raise UserError(f"TensorRT emitter external_data_threshold={external_data_threshold}: "
                             "give a size in bytes (>= 0)")
-        self.shapes = shapes
         self.build = build
         self.tf32 = tf32
         self.workspace_mb = workspace_mb
