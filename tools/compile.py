@@ -504,7 +504,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             if args.check:
                 progress.update("checking against the original", advance=1)
                 report["check"] = _run_check(reference, header, os.path.join(folder, "model.onnx"),
-                                             args, dims, overrides, known)
+                                             model, args, dims, overrides, known)
                 for warning in report["check"]["warnings"]:
                     report["warnings"].append(warning)
                     print(f"passctl: warning: {warning}", file=sys.stderr)
@@ -579,7 +579,7 @@ def _check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],
     return crash
 
 
-def _run_check(reference: str, header, candidate: str, args, dims, overrides,
+def _run_check(reference: str, header, candidate: str, model, args, dims, overrides,
                known: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None) -> Dict[str, Any]:
     """The numeric check's report entry: inputs used, per-output errors, worst errors, ``ok``.
 
@@ -595,7 +595,8 @@ def _run_check(reference: str, header, candidate: str, args, dims, overrides,
     ``error`` and ``ok``, and ``metric``, ``rtol``, ``metric_error`` repeat the first. A TVM
     artifact's folder (``candidate``'s folder holds its manifest) runs in ``tvm.runtime`` on inputs
     of the static shapes in its manifest; without ``dims``, a TensorRT artifact's inputs take its
-    optimization profile's OPT sizes. ``header``: ``reference``'s
+    optimization profile's OPT sizes. ``model``: the compiled IR the emitter wrote ``candidate``
+    from (its graph inputs are the candidate's). ``header``: ``reference``'s
     :func:`passctl.tools.inputs.load_header`, read once per compile. ``known``: ``(inputs,
     outputs)`` of the original already run (``--check-each``'s), reused when the check's inputs are
     the same arrays.
@@ -609,7 +610,7 @@ def _run_check(reference: str, header, candidate: str, args, dims, overrides,
 
     folder = os.path.dirname(candidate)
     tvm = is_tvm_artifact(folder)
-    plan = plan_inputs(header, dim_values=_candidate_dims(folder, candidate, dims, tvm),
+    plan = plan_inputs(header, dim_values=_candidate_dims(folder, model, dims, tvm),
                        overrides=overrides)
     sources = {k: "artifact" if v == "given" and k not in dims else v
                for k, v in plan.dim_sources.items()}
@@ -633,12 +634,12 @@ def _run_check(reference: str, header, candidate: str, args, dims, overrides,
     return entry
 
 
-def _candidate_dims(folder: str, candidate: str, dims: Dict[str, int],
-                    tvm: bool) -> Dict[str, int]:
+def _candidate_dims(folder: str, model, dims: Dict[str, int], tvm: bool) -> Dict[str, int]:
     """The sizes the check's inputs take: ``dims`` (``--dim``), else a TensorRT artifact's
-    optimization profile OPT sizes; plus a TVM artifact's static manifest shapes, or the sizes
-    ``candidate`` (``model.onnx``) declares fixed (a pass such as ``lower-tvm{dims=...}`` fixed them:
-    the only ones it runs with)."""
+    optimization profile OPT sizes; plus a TVM artifact's static manifest shapes, or the sizes the
+    graph inputs of ``model`` (the compiled IR, which the emitter wrote unchanged as
+    ``model.onnx``) declare fixed (a pass such as ``lower-tvm{dims=...}`` fixed them: the only ones
+    it runs with)."""
     from passctl.targets.tensorrt import is_tensorrt_artifact
 
     if not dims and is_tensorrt_artifact(folder):  # the sizes its engine is tuned for
@@ -650,14 +651,9 @@ def _candidate_dims(folder: str, candidate: str, dims: Dict[str, int],
 
         return dict(dims, **{f"{i['name']}[{axis}]": int(n) for i in read_manifest(folder)["inputs"]
                              for axis, n in enumerate(i["shape"])})
-    import onnx
-
-    from passctl.tools.inputs import graph_inputs
-
-    header = onnx.load(candidate, load_external_data=False)
-    return dict(dims, **{f"{i.name}[{axis}]": int(d.dim_value) for i in graph_inputs(header)
-                         for axis, d in enumerate(i.type.tensor_type.shape.dim)
-                         if d.HasField("dim_value") and d.dim_value > 0})
+    return dict(dims, **{f"{v.name}[{axis}]": d for v in model.graph.inputs
+                         if v.const is None and v.shape is not None
+                         for axis, d in enumerate(v.shape.dims) if isinstance(d, int) and d > 0})
 
 
 def _run_original(reference: str, inputs: Dict[str, Any],

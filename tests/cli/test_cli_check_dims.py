@@ -110,3 +110,17 @@ def test_string_input_compiles_without_check(cli, tmp_path):
     assert r.rc == 0, r.err
     r = cli(path, "--check", "-o", tmp_path / "o2", "-q")
     assert r.rc == 2 and "'s' is a string tensor" in r.err
+
+
+def test_sizes_a_pass_fixed_are_the_checks(cli, tmp_path):
+    """lower-tvm{dims=...} fixes the artifact's input sizes: the check runs at those (its only
+    ones), said as coming from the artifact; the candidate's model.onnx declares them."""
+    r = cli(_dyn_model(tmp_path), "-p", 'cleanup,lower-tvm{dims="batch=2,seq=3"}', "--check",
+            "-o", tmp_path / "o")
+    assert r.rc == 0, r.err
+    declared = onnx.load(str(tmp_path / "o" / "model.onnx")).graph.input[0]
+    assert [d.dim_value for d in declared.type.tensor_type.shape.dim] == [2, 3]
+    check = _check(tmp_path / "o")
+    assert check["inputs"] == [{"name": "x", "shape": [2, 3], "dtype": "float32"}]
+    assert check["dims"] == {"x[0]": 2, "x[1]": 3}
+    assert check["dims_source"] == {"x[0]": "artifact", "x[1]": "artifact"}
