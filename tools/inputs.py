@@ -47,7 +47,16 @@ def load_header(path: str) -> onnx.ModelProto:
     Raises:
         UserError: the file cannot be read or is not ONNX.
     """
-    proto = _load_header(path)
+    return drop_initializer_data(_load_header(path))
+
+
+def drop_initializer_data(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Clear the data of every initializer of ``proto``'s main graph in place, keeping its name
+    (what :func:`graph_inputs` needs), so a header kept for input planning holds no weights.
+
+    Returns:
+        ``proto`` itself.
+    """
     for tensor in proto.graph.initializer:
         name = tensor.name
         tensor.Clear()

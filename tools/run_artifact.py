@@ -84,7 +84,9 @@ def _damaged(folder: str, name: str, what: str) -> UserError:
 
 
 def _load_header(folder: str):
-    """The artifact's ``model.onnx`` without its weights (the inputs for ``make_inputs``).
+    """The artifact's ``model.onnx`` without its weights (the inputs for ``make_inputs``): external
+    data is not read and embedded initializers' data is dropped, so the runner does not hold a
+    second copy of the weights while it times the session.
 
     Raises:
         UserError: ``model.onnx`` is missing or not an ONNX file.
@@ -92,12 +94,15 @@ def _load_header(folder: str):
     import onnx
     from google.protobuf.message import DecodeError
 
+    from passctl.tools.inputs import drop_initializer_data
+
     try:
-        return onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
+        proto = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
     except FileNotFoundError:
         raise _damaged(folder, "model.onnx", "is missing") from None
     except (DecodeError, OSError, ValueError):
         raise _damaged(folder, "model.onnx", "is not a valid ONNX file") from None
+    return drop_initializer_data(proto)
 
 
 def _ort_error(e: BaseException) -> bool:
