@@ -7,7 +7,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from passctl.ir import Model, Value
+from passctl.ir import Model, Node, Value
 
 DOMAIN = "passctl"
 """Operator domain of the canonical ops (opset version :data:`VERSION`)."""
@@ -98,6 +98,12 @@ def drop_unused_opset(model: Model, domain: str) -> None:
     model.opset_imports.pop(domain, None)
 
 
+def optional_input(node: Node, i: int) -> Optional[Value]:
+    """Input ``i`` of ``node``, or None when the node has fewer inputs (an omitted optional input
+    of a canonical op such as SkipLayerNorm's bias)."""
+    return node.inputs[i] if len(node.inputs) > i else None
+
+
 def last_dim(v: Optional[Value]) -> Optional[int]:
     """The static size of the last dimension of ``v`` (None when its shape or that dim is unknown)."""
     shape = None if v is None else v.shape
@@ -127,5 +133,5 @@ def vector_like(array: np.ndarray, size: Optional[int]) -> Optional[np.ndarray]:
     return None
 
 
-__all__ = ["CanonicalOp", "DOMAIN", "MS_DOMAIN", "SCHEMAS", "VERSION", "canonical_op_doc",
+__all__ = ["optional_input", "CanonicalOp", "DOMAIN", "MS_DOMAIN", "SCHEMAS", "VERSION", "canonical_op_doc",
            "drop_unused_opset", "ensure_opset", "last_dim", "vector_like"]

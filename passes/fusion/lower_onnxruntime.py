@@ -7,21 +7,17 @@ from typing import Optional, Tuple
 from passctl.ir import Model, Node, Value
 from passctl.passes.base import PassResult
 from passctl.passes.fusion import lower_standard as std
-from passctl.passes.fusion.canonical import MS_DOMAIN, ensure_opset
-from passctl.passes.fusion.lowering import LowerContext, Lowering, register_lowering
+from passctl.passes.fusion.canonical import MS_DOMAIN, ensure_opset, optional_input
+from passctl.passes.fusion.lowering import LowerContext, Lowering, register_lowering, typed_like
 from passctl.passes.registry import register_pass
 
 TARGET = "onnxruntime"
 
 
-def _in(node: Node, i: int) -> Optional[Value]:
-    return node.inputs[i] if len(node.inputs) > i else None
-
-
 def layernorm(ctx: LowerContext, node: Node) -> Value:
     """``LayerNormalization`` in the default domain at any opset: ONNX's op from 17, ONNX Runtime's
     own registration of the same name and schema below 17 (its transformers optimizer emits it too)."""
-    x, scale, bias = node.inputs[0], _in(node, 1), _in(node, 2)
+    x, scale, bias = node.inputs[0], optional_input(node, 1), optional_input(node, 2)
     ctx.form = "LayerNorm->LayerNormalization"
     ins = [x, scale if scale is not None else ctx.ones_scale(x)] + ([bias] if bias is not None else [])
     return ctx.b.op("LayerNormalization", *ins, axis=-1, epsilon=float(node.attr("epsilon")))
@@ -34,7 +30,7 @@ def skip_layernorm(ctx: LowerContext, node: Node) -> Optional[Value]:
     rank = None if x.shape is None else x.shape.rank
     if rank not in (2, 3) or skip.shape is None or skip.shape.rank != rank:
         return None
-    scale, beta, bias = _in(node, 2), _in(node, 3), _in(node, 4)
+    scale, beta, bias = optional_input(node, 2), optional_input(node, 3), optional_input(node, 4)
     ins = [x, skip, scale if scale is not None else ctx.ones_scale(x), beta, bias]
     while ins[-1] is None:
         ins.pop()
@@ -45,10 +41,10 @@ def skip_layernorm(ctx: LowerContext, node: Node) -> Optional[Value]:
 def skip_layernorm_add(ctx: LowerContext, node: Node) -> Value:
     """``Add(Add(input, bias), skip)`` then ``LayerNormalization``: what ONNX Runtime 1.32's CPU provider
     runs fastest (see the NOTE at the registration below)."""
-    x, skip, bias = node.inputs[0], node.inputs[1], _in(node, 4)
-    s = ctx.b.op("Add", x, bias) if bias is not None else x
-    s = ctx.b.op("Add", s, skip)
-    scale, beta = _in(node, 2), _in(node, 3)
+    x, skip, bias = node.inputs[0], node.inputs[1], optional_input(node, 4)
+    s = typed_like(ctx.b.op("Add", x, bias), x) if bias is not None else x
+    s = typed_like(ctx.b.op("Add", s, skip), x)
+    scale, beta = optional_input(node, 2), optional_input(node, 3)
     ins = [s, scale if scale is not None else ctx.ones_scale(s)] + ([beta] if beta is not None else [])
     ctx.form = "SkipLayerNorm->Add+LayerNormalization"
     return ctx.b.op("LayerNormalization", *ins, axis=-1, epsilon=float(node.attr("epsilon")))
@@ -57,10 +53,13 @@ def skip_layernorm_add(ctx: LowerContext, node: Node) -> Value:
 def rmsnorm(ctx: LowerContext, node: Node) -> Value:
     """``SimplifiedLayerNormalization`` (ONNX Runtime registers it in the default domain; the form
     its transformers optimizer writes for LLaMA's RMSNorm): x / sqrt(mean(x^2) + eps) * scale."""
-    x, scale = node.inputs[0], _in(node, 1)
     ctx.form = "RMSNorm->SimplifiedLayerNormalization"
+    return _simplified_layernorm(ctx, node.inputs[0], optional_input(node, 1), float(node.attr("epsilon")))
+
+
+def _simplified_layernorm(ctx: LowerContext, x: Value, scale: Optional[Value], eps: float) -> Value:
     return ctx.b.op("SimplifiedLayerNormalization", x, scale if scale is not None else ctx.ones_scale(x),
-                    axis=-1, epsilon=float(node.attr("epsilon")), stash_type=1)
+                    axis=-1, epsilon=eps, stash_type=1)
 
 
 def skip_rmsnorm(ctx: LowerContext, node: Node) -> Optional[Tuple[Value, ...]]:
@@ -72,7 +71,7 @@ def skip_rmsnorm(ctx: LowerContext, node: Node) -> Optional[Tuple[Value, ...]]:
     rank = None if x.shape is None else x.shape.rank
     if rank not in (2, 3) or skip.shape is None or skip.shape.rank != rank:
         return None
-    scale = _in(node, 2)
+    scale = optional_input(node, 2)
     y = Value(ctx.graph.fresh_name("skip_simplified_ln_out"))
     outs = [y]
     if len(node.outputs) > 1:
@@ -89,11 +88,9 @@ def skip_rmsnorm(ctx: LowerContext, node: Node) -> Optional[Tuple[Value, ...]]:
 def skip_rmsnorm_add(ctx: LowerContext, node: Node) -> Tuple[Value, ...]:
     """``S = Add(input, skip)`` then ``SimplifiedLayerNormalization(S)``; returns ``(Y, S)`` (or
     ``(Y,)``): the unfused form, for ranks the contrib op does not take."""
-    x, skip, scale = node.inputs[0], node.inputs[1], _in(node, 2)
-    s = ctx.b.op("Add", x, skip)
-    s.type = x.type
-    y = ctx.b.op("SimplifiedLayerNormalization", s, scale if scale is not None else ctx.ones_scale(x),
-                 axis=-1, epsilon=float(node.attr("epsilon")), stash_type=1)
+    x, skip, scale = node.inputs[0], node.inputs[1], optional_input(node, 2)
+    s = typed_like(ctx.b.op("Add", x, skip), x)
+    y = _simplified_layernorm(ctx, s, scale, float(node.attr("epsilon")))
     ctx.form = "SkipRMSNorm->Add+SimplifiedLayerNormalization"
     return (y, s) if len(node.outputs) > 1 else (y,)
 
@@ -101,7 +98,7 @@ def skip_rmsnorm_add(ctx: LowerContext, node: Node) -> Tuple[Value, ...]:
 def gelu(ctx: LowerContext, node: Node) -> Value:
     """Erf form: ``com.microsoft.BiasGelu(A, B)`` with a bias, else ``com.microsoft.Gelu(X)``; tanh
     form: ``com.microsoft.FastGelu(X[, bias])`` (ContribOperators.md)."""
-    x, bias = node.inputs[0], _in(node, 1)
+    x, bias = node.inputs[0], optional_input(node, 1)
     if node.attr("approximate", "none") == "tanh":
         ctx.form = "Gelu->com.microsoft::FastGelu"
         return ctx.b.op("FastGelu", *([x] if bias is None else [x, bias]), domain=MS_DOMAIN)

@@ -6,14 +6,11 @@ import math
 from typing import Optional, Tuple
 
 from passctl.ir import Node, Value
-from passctl.passes.fusion.lowering import LowerContext, Lowering, register_lowering
+from passctl.passes.fusion.canonical import optional_input
+from passctl.passes.fusion.lowering import LowerContext, Lowering, register_lowering, typed_like
 from passctl.passes.registry import register_pass
 
 TARGET = "standard"
-
-
-def _in(node: Node, i: int) -> Optional[Value]:
-    return node.inputs[i] if len(node.inputs) > i else None
 
 
 def layernorm(ctx: LowerContext, x: Value, scale: Optional[Value], bias: Optional[Value],
@@ -38,32 +35,32 @@ def layernorm(ctx: LowerContext, x: Value, scale: Optional[Value], bias: Optiona
 
 
 def lower_layernorm(ctx: LowerContext, node: Node) -> Value:
-    return layernorm(ctx, node.inputs[0], _in(node, 1), _in(node, 2), float(node.attr("epsilon")))
+    return layernorm(ctx, node.inputs[0], optional_input(node, 1), optional_input(node, 2), float(node.attr("epsilon")))
 
 
 def lower_skip_layernorm(ctx: LowerContext, node: Node) -> Value:
     """Add(Add(X, Bias), Skip), then LayerNorm (the canonical op's math)."""
-    x, skip, bias = node.inputs[0], node.inputs[1], _in(node, 4)
+    x, skip, bias = node.inputs[0], node.inputs[1], optional_input(node, 4)
     s = x
     if bias is not None:
-        s = _typed_like(ctx.b.op("Add", s, bias), x)
-    s = _typed_like(ctx.b.op("Add", s, skip), x)
+        s = typed_like(ctx.b.op("Add", s, bias), x)
+    s = typed_like(ctx.b.op("Add", s, skip), x)
     ctx.form = "SkipLayerNorm->Add+" + ("LayerNormalization" if ctx.opset >= 17 else "decomposed")
-    return layernorm(ctx, s, _in(node, 2), _in(node, 3), float(node.attr("epsilon")))
+    return layernorm(ctx, s, optional_input(node, 2), optional_input(node, 3), float(node.attr("epsilon")))
 
 
 def lower_rmsnorm(ctx: LowerContext, node: Node) -> Value:
     """RMSNormalization-23 when the opset has it, else x / sqrt(mean(x*x) + eps) * scale."""
-    return rmsnorm(ctx, node.inputs[0], _in(node, 1), float(node.attr("epsilon")))
+    return rmsnorm(ctx, node.inputs[0], optional_input(node, 1), float(node.attr("epsilon")))
 
 
 def lower_skip_rmsnorm(ctx: LowerContext, node: Node) -> Tuple[Value, ...]:
     """``S = Add(X, Skip)`` then RMSNorm(S) (the canonical op's math); returns ``(Y, S)``, or
     ``(Y,)`` when the node has one output."""
     x, skip = node.inputs[0], node.inputs[1]
-    s = _typed_like(ctx.b.op("Add", x, skip), x)
+    s = typed_like(ctx.b.op("Add", x, skip), x)
     ctx.form = "SkipRMSNorm->Add+" + ("RMSNormalization" if ctx.opset >= 23 else "decomposed")
-    y = rmsnorm(ctx, s, _in(node, 2), float(node.attr("epsilon")))
+    y = rmsnorm(ctx, s, optional_input(node, 2), float(node.attr("epsilon")))
     return (y, s) if len(node.outputs) > 1 else (y,)
 
 
@@ -99,19 +96,10 @@ def gelu(ctx: LowerContext, v: Value, approximate: str) -> Value:
 
 
 def lower_gelu(ctx: LowerContext, node: Node) -> Value:
-    v, bias = node.inputs[0], _in(node, 1)
+    v, bias = node.inputs[0], optional_input(node, 1)
     if bias is not None:
-        v = _typed_like(ctx.b.op("Add", v, bias), node.inputs[0])
+        v = typed_like(ctx.b.op("Add", v, bias), node.inputs[0])
     return gelu(ctx, v, node.attr("approximate", "none"))
-
-
-def _typed_like(new: Value, x: Value) -> Value:
-    """``new`` (x plus a [D] bias or an x-shaped skip) with x's type: the constants the formula
-    then adds (sqrt(2), epsilon) take its dtype, not float32 (an fp16 BERT's GELU lowered to
-    Div(fp16, fp32 sqrt(2)), which no runtime accepts)."""
-    if new.type is None and x.type is not None:
-        new.type = x.type
-    return new
 
 
 def lower_silu(ctx: LowerContext, node: Node) -> Value:

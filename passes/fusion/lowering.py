@@ -18,6 +18,16 @@ LowerFn = Callable[["LowerContext", Node], Union[Value, Tuple[Value, ...], None]
 first output (a tuple of values for a node with several outputs, in order), or None to leave the
 node to the next candidate function."""
 
+def typed_like(new: Value, x: Value) -> Value:
+    """``new`` (x plus a [D] bias or an x-shaped skip, just built) with x's type, so the constants
+    a lowering then adds next to it (sqrt(2), epsilon: :meth:`LowerContext.scalar`) take its dtype,
+    not float32 (an fp16 BERT's GELU lowered to Div(fp16, fp32 sqrt(2)), which no runtime accepts).
+    """
+    if new.type is None and x.type is not None:
+        new.type = x.type
+    return new
+
+
 # target -> canonical op type -> candidate functions, tried in order (first non-None wins).
 _TABLES: Dict[str, Dict[str, List[LowerFn]]] = {}
 
@@ -122,4 +132,4 @@ class Lowering(Pass):
         return PassResult(stats["lowered"] > 0, stats)
 
 
-__all__ = ["LowerContext", "LowerFn", "Lowering", "register_lowering"]
+__all__ = ["LowerContext", "LowerFn", "Lowering", "register_lowering", "typed_like"]

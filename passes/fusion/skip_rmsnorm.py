@@ -7,17 +7,13 @@ from typing import Dict, List, Optional, Tuple
 
 from passctl.ir import Model, Node, Value
 from passctl.passes.base import Pass, PassResult
-from passctl.passes.fusion.canonical import DOMAIN, VERSION, ensure_opset
+from passctl.passes.fusion.canonical import DOMAIN, VERSION, ensure_opset, optional_input
 from passctl.passes.fusion.layernorm import _same_shape
 from passctl.passes.registry import register_pass
 from passctl.passes.rewrite import MatchResult
 from passctl.passes.rewrite.pattern import node_label
 
 logger = logging.getLogger(__name__)
-
-
-def _in(node: Node, i: int) -> Optional[Value]:
-    return node.inputs[i] if len(node.inputs) > i else None
 
 
 def check_skip_rmsnorm(norm: Node) -> Tuple[Optional[Node], MatchResult]:
@@ -71,7 +67,7 @@ def fuse_skip_rmsnorm(add: Node, norm: Node) -> Tuple[Node, bool]:
     graph = norm.graph
     s, y = add.outputs[0], norm.outputs[0]
     keep_sum = s.is_graph_output() or any(u is not norm for u in s.consumers())
-    scale = _in(norm, 1)
+    scale = optional_input(norm, 1)
     ins = [add.inputs[0], add.inputs[1]] + ([scale] if scale is not None else [])
     fused = Node(DOMAIN, "SkipRMSNorm", ins, {"epsilon": float(norm.attr("epsilon"))},
                  [Value(graph.fresh_name(y.name + "_skip")),
