@@ -8,13 +8,13 @@ import json
 import logging
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
 from passctl.ir import Model
 from passctl.ir.errors import UserError
-from passctl.targets.base import EmitError, Emitter
+from passctl.targets.base import EmitError, Emitter, value_specs
 from passctl.targets.profiles import TargetProfile
 from passctl.targets.tvm.runtime import (LIBRARY_FILE, MANIFEST_FILE, MANIFEST_SCHEMA,
                                          PARAMS_FILE, load_artifact)
@@ -72,12 +72,6 @@ def _plain(obj: Any) -> Any:
     if hasattr(obj, "value"):
         return obj.value
     return str(obj)
-
-
-def _value_specs(values) -> List[Dict[str, Any]]:
-    return [{"name": v.name, "shape": list(v.shape.dims) if v.shape is not None else None,
-             "dtype": np.dtype(v.dtype.numpy()).name if v.dtype is not None else None}
-            for v in values]
 
 
 class TvmEmitter(Emitter):
@@ -255,8 +249,8 @@ class TvmEmitter(Emitter):
             "library": LIBRARY_FILE,
             "params": PARAMS_FILE,
             "param_names": names,
-            "inputs": _value_specs(model.graph.inputs),
-            "outputs": _value_specs(model.graph.outputs),
+            "inputs": value_specs(model.graph.inputs),
+            "outputs": value_specs(model.graph.outputs),
             "device": "cuda" if target.is_gpu else "cpu",
             "target": _plain(tgt.export()),
             "profile": target.to_dict(),
