@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from passctl.ir.errors import UserError
+from passctl.targets.cpu_isa import NAMED_ISAS, CpuIsa, host_isa
 
 #: The reduced-precision dtypes a profile may list as having a fast path.
 FAST_DTYPES = ("tf32", "fp16", "bf16", "int8", "fp8")
@@ -27,8 +28,8 @@ class TargetProfile:
             for the CPU, whose memory is the host's.
         fast_dtypes: reduced-precision dtypes with tensor-core fast paths on this device, a
             subset of :data:`FAST_DTYPES` (NVIDIA architecture whitepapers: Turing adds fp16/int8
-            tensor cores, Ampere adds tf32/bf16, Ada and Hopper add fp8). Empty for the CPU:
-            passctl claims nothing about the host's instruction set.
+            tensor cores, Ampere adds tf32/bf16, Ada and Hopper add fp8). Empty for the CPU
+            profiles: their int8 form follows ``isa`` instead.
         default_emitter: the emitter used without ``--emit`` (``"onnxruntime"`` for every
             profile: its artifacts run everywhere; ``tvm`` / ``tensorrt`` are asked for).
         ort_providers: ONNX Runtime execution providers in priority order, CPU last as fallback.
@@ -37,6 +38,8 @@ class TargetProfile:
         sm_count: streaming multiprocessors (SMs) on the device (NVIDIA datasheets: T4 40, A10 72,
             L4 58, A100 108, H100 SXM / H200 132); kernel tile heuristics size their grids by it.
             None for the CPU.
+        isa: the instruction set of a CPU profile (``cpu`` is the machine passctl runs on,
+            ``cpu-avx2`` ... name one; :mod:`passctl.targets.cpu_isa`); None for GPUs.
     """
 
     name: str
@@ -48,6 +51,7 @@ class TargetProfile:
     ort_providers: Tuple[str, ...] = ("CPUExecutionProvider",)
     ort_optional_providers: Tuple[str, ...] = field(default=())
     sm_count: Optional[int] = None
+    isa: Optional[CpuIsa] = None
 
     @property
     def is_gpu(self) -> bool:
@@ -76,6 +80,7 @@ class TargetProfile:
             "fast_dtypes": list(self.fast_dtypes),
             "default_emitter": self.default_emitter,
             "sm_count": self.sm_count,
+            **({"isa": self.isa.to_dict()} if self.isa is not None else {}),
         }
 
 
@@ -89,9 +94,22 @@ def _gpu(name: str, description: str, cc: Tuple[int, int], gb: int,
                          _GPU_OPTIONAL, sms)
 
 
-_PROFILES: Dict[str, TargetProfile] = {p.name: p for p in (
-    TargetProfile("cpu", "the host CPU through ONNX Runtime's CPU execution provider", None, None,
-                  ()),
+def _cpu(name: str, description: str, isa: CpuIsa) -> TargetProfile:
+    return TargetProfile(name, description, None, None, (), isa=isa)
+
+
+def _host_cpu() -> TargetProfile:
+    """``cpu``: this machine's CPU, its instruction set detected when first asked for."""
+    isa = host_isa()
+    return _cpu("cpu", f"this machine's CPU ({isa.name}) through ONNX Runtime's CPU execution "
+                "provider", isa)
+
+
+_CPU_NAMED: Dict[str, TargetProfile] = {
+    f"cpu-{key}": _cpu(f"cpu-{key}", f"{text} through ONNX Runtime's CPU execution provider", isa)
+    for key, (text, isa) in NAMED_ISAS.items()}
+
+_GPUS: Dict[str, TargetProfile] = {p.name: p for p in (
     _gpu("t4", "NVIDIA T4 (Turing), 16 GB", (7, 5), 16, ("fp16", "int8"), 40),
     _gpu("a10", "NVIDIA A10 (Ampere), 24 GB", (8, 6), 24, ("tf32", "fp16", "bf16", "int8"), 72),
     _gpu("l4", "NVIDIA L4 (Ada Lovelace), 24 GB", (8, 9), 24,
@@ -106,9 +124,14 @@ _PROFILES: Dict[str, TargetProfile] = {p.name: p for p in (
 )}
 
 
+def _profiles() -> Dict[str, TargetProfile]:
+    """Every profile by name: ``cpu`` (this machine), the named CPUs, then the GPUs."""
+    return {"cpu": _host_cpu(), **_CPU_NAMED, **_GPUS}
+
+
 def list_targets() -> List[TargetProfile]:
-    """Every known target profile, CPU first, then GPUs in the order above."""
-    return list(_PROFILES.values())
+    """Every known target profile: ``cpu`` first, the named CPUs, then GPUs in the order above."""
+    return list(_profiles().values())
 
 
 def get_target(name: str) -> TargetProfile:
@@ -118,9 +141,10 @@ def get_target(name: str) -> TargetProfile:
         UserError: no such target; the message names the closest known targets.
     """
     key = name.strip().lower()
-    if key in _PROFILES:
-        return _PROFILES[key]
-    close = difflib.get_close_matches(key, list(_PROFILES), n=3, cutoff=0.4)
+    profiles = _profiles()
+    if key in profiles:
+        return profiles[key]
+    close = difflib.get_close_matches(key, list(profiles), n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-    raise UserError(f"unknown target '{name}': {hint}known targets: {', '.join(_PROFILES)} "
+    raise UserError(f"unknown target '{name}': {hint}known targets: {', '.join(profiles)} "
                     "(see `passctl list-targets`)")

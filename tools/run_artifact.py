@@ -208,6 +208,8 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
         dims = _opt_dims(profile)
     feeds = make_inputs(runner.header, seed=seed, dim_values=dims, overrides=load_input_file(inputs))
     _warn_outside_profile(profile, feeds)
+    if runner.kind == "onnxruntime":
+        _warn_isa(folder, runner.header)
     try:
         outputs = runner.run(feeds)
         for _ in range(max(warmup - 1, 0)):
@@ -222,6 +224,39 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
             raise
         raise UserError(f"artifact '{folder}': the inputs do not fit: {one_line(e)}") from e
     return runner.kind, outputs, times
+
+
+_INT8_OPS = ("DequantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm", "MatMulInteger",
+             "ConvInteger", "DynamicQuantizeMatMul")
+
+
+def _warn_isa(folder: str, header) -> None:
+    """Warn when an ONNX Runtime artifact with int8 layers was built for a CPU whose int8 kernels
+    accumulate in int32 (VNNI, AMX, Arm: 8-bit weights) and this CPU's saturate (x86 without VNNI),
+    or for another architecture: its error is then not the one measured when it was compiled
+    (:mod:`passctl.targets.cpu_isa`). Nothing for artifacts without int8 or without a recorded ISA.
+    """
+    import json
+
+    from passctl.targets.cpu_isa import CpuIsa, host_isa
+    from passctl.targets.onnxruntime.emit import SESSION_FILE
+
+    with open(os.path.join(folder, SESSION_FILE)) as f:
+        recorded = (json.load(f).get("target") or {}).get("isa")
+    if not recorded or not any(n.op_type in _INT8_OPS for n in header.graph.node):
+        return
+    built, host = CpuIsa.from_dict(recorded), host_isa()
+    if built.arch != host.arch:
+        logger.warning("artifact '%s' was built for %s (%s) and runs on %s: its int8 error was "
+                       "measured for the other CPU; recompile with --target cpu here", folder,
+                       built.arch, built.name, host.arch)
+    elif host.u8s8_saturates and not built.u8s8_saturates:
+        missing = ", ".join(built.missing_on(host)) or built.name
+        logger.warning("artifact '%s' was built for a CPU with %s (8-bit int8 weights); this CPU "
+                       "(%s) lacks %s, and ONNX Runtime's int8 kernels here add pairs of products "
+                       "in saturating int16: expect a larger error than compile measured; "
+                       "recompile with --target cpu (7-bit weights) on this machine", folder,
+                       built.name, host.name, missing)
 
 
 def _warn_outside_profile(profile: Mapping[str, Dict[str, List[int]]],

@@ -8,25 +8,38 @@ import numpy as np
 
 from passctl.ir import Builder, DataType, Model, Node, TensorType, Value
 from passctl.passes.quantize.layers import QuantLayer
-from passctl.passes.quantize.scales import quantize_weight, weight_scales
+from passctl.passes.quantize.scales import QMAX, quantize_weight, weight_scales
 
 QDQ_MIN_OPSET = 13
 """First opset whose QuantizeLinear / DequantizeLinear take ``axis`` (per-channel scales)."""
 
-WeightCache = Dict[int, tuple]
-"""Layer position -> (int8 codes, scales): weights are quantized once per pass run."""
+class WeightCache:
+    """Each layer's ``(int8 codes, scales)``, quantized once per pass run, with codes in
+    ``[-qmax, qmax]``: 127, or 63 for a CPU whose int8 kernels saturate
+    (:attr:`passctl.targets.cpu_isa.CpuIsa.int8_weight_qmax`).
+
+    Args:
+        qmax: the largest weight code.
+    """
+
+    def __init__(self, qmax: int = QMAX):
+        self.qmax = qmax
+        self._codes: Dict[int, tuple] = {}
+
+    def get(self, layer: QuantLayer) -> tuple:
+        """``(int8 codes, float32 scales [C])`` of ``layer.weight`` (:func:`weight_scales`,
+        :func:`quantize_weight`), by layer position."""
+        if layer.position not in self._codes:
+            scales = weight_scales(layer.weight, layer.axis, self.qmax)
+            self._codes[layer.position] = (
+                quantize_weight(layer.weight, scales, layer.axis, self.qmax), scales)
+        return self._codes[layer.position]
 
 
 def quantized_weight(layer: QuantLayer, cache: Optional[WeightCache] = None) -> tuple:
-    """``(int8 codes, float32 scales [C])`` of ``layer.weight`` (:func:`weight_scales`,
-    :func:`quantize_weight`), cached by layer position."""
-    if cache is not None and layer.position in cache:
-        return cache[layer.position]
-    scales = weight_scales(layer.weight, layer.axis)
-    result = (quantize_weight(layer.weight, scales, layer.axis), scales)
-    if cache is not None:
-        cache[layer.position] = result
-    return result
+    """``(int8 codes, float32 scales [C])`` of ``layer.weight`` from ``cache`` (a new 8-bit
+    :class:`WeightCache` when None)."""
+    return (cache if cache is not None else WeightCache()).get(layer)
 
 
 def _typed(value: Value, dtype: DataType, like: Optional[Value]) -> Value:

@@ -23,6 +23,7 @@ from passctl.passes.quantize.opset import adopt, raise_opset
 from passctl.passes.quantize.qdq import QDQ_MIN_OPSET, WeightCache, apply_qdq
 from passctl.passes.quantize.unfuse import unfuse_conv
 from passctl.passes.registry import register_pass
+from passctl.targets.cpu_isa import WEIGHT_QMAX_EXACT, WEIGHT_QMAX_NO_SATURATION
 from passctl.targets.profiles import get_target
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,12 @@ class QuantizeInt8(Pass):
          stay float32. Opsets below 13 are raised to 13 first (``opset.raise_opset``: per-channel
          DequantizeLinear needs ``axis``).
       2. Weights: symmetric per output channel (Conv axis 0, MatMul B ``[K, N]`` axis 1, Gemm
-         transB=1 axis 0), scale ``max |w| / 127``, zero point 0, stored as an int8 initializer
-         read through DequantizeLinear (``scales.weight_scales``). Biases stay float32.
+         transB=1 axis 0), scale ``max |w| / qmax``, zero point 0, stored as an int8 initializer
+         read through DequantizeLinear (``scales.weight_scales``). ``qmax`` is 127, except for a
+         CPU target whose ONNX Runtime U8S8 kernels add pairs of products in saturating int16
+         (x86 without VNNI: ``passctl.targets.cpu_isa``): there codes stay in [-63, 63]
+         (ONNX Runtime's ``reduce_range``), so the shipped kernels compute the QDQ graph's math
+         exactly, at U8S8 speed. ``reduce_range`` overrides the choice. Biases stay float32.
       3. Activations: each layer's data input gets QuantizeLinear -> DequantizeLinear, per tensor,
          symmetric (zero point 0, as TensorRT requires), scale from the calibration feeds
          (``calibration=minmax``: max |x| / 127; ``percentile``: the ``percentile``-th percentile
@@ -75,7 +80,8 @@ class QuantizeInt8(Pass):
          after cleanup,fuse (640x640): 49 of 62 layers int8 at mean-rel 0.016 with ``output`` in
          35 s, 15 of 62 with ``local`` in 9 s.
 
-    Statistics: ``target``, ``activations``, ``outputs_quantized``, ``fusedconv_split``,
+    Statistics: ``target`` (with the CPU's ``isa`` and how its int8 kernels accumulate),
+    ``weight_bits`` (8, or 7 with ``reduce_range``), ``activations``, ``outputs_quantized``, ``fusedconv_split``,
     ``calibration``, ``percentile``, ``calibration_feeds``, ``budget``, ``metric``, ``error``
     (measured on the calibration feeds for the written graph), ``measured_with`` (the ONNX Runtime
     graph optimization level of that measurement), ``within_budget``,
@@ -110,6 +116,9 @@ class QuantizeInt8(Pass):
                 (uint8 on the cpu target, int8 on GPU targets).
             outputs: also quantize each quantized layer's output (ONNX Runtime's QDQ node units
                 ``DQ -> Conv -> Q``); None: on the cpu target only.
+            reduce_range: 7-bit weight codes ([-63, 63]) so that no pair of u8 x s8 products
+                saturates int16 (ONNX Runtime's option of that name); None: where the target's
+                int8 kernels saturate (CPU targets without VNNI), else 8 bits.
             target: target profile name (the pipeline's ``--target`` when built by the CLI).
         """
 
@@ -125,6 +134,7 @@ class QuantizeInt8(Pass):
         sensitivity: Literal["auto", "local", "output"] = "auto"
         activations: Literal["auto", "int8", "uint8"] = "auto"
         outputs: Optional[bool] = None
+        reduce_range: Optional[bool] = None
         target: str = "cpu"
 
         def __post_init__(self) -> None:
@@ -179,8 +189,16 @@ class QuantizeInt8(Pass):
         unsigned = o.activations == "uint8" or (o.activations == "auto" and not target.is_gpu)
         outputs = o.outputs if o.outputs is not None else not target.is_gpu
         int8 = f"tensor cores ({target.sm})" if target.is_gpu else "cpu kernels"
+        about: Dict[str, Any] = {"target": target.name, "int8": int8}
+        reduce_range = o.reduce_range
+        if target.isa is not None:
+            about.update(isa=target.isa.name, int8_kernels=target.isa.int8_kernels)
+            if reduce_range is None:
+                reduce_range = target.isa.u8s8_saturates
+        qmax = WEIGHT_QMAX_NO_SATURATION if reduce_range else WEIGHT_QMAX_EXACT
         stats: Dict[str, Any] = {
-            "target": {"target": target.name, "int8": int8}, "calibration": o.calibration,
+            "target": about, "weight_bits": 7 if reduce_range else 8,
+            "calibration": o.calibration,
             "budget": o.budget, "metric": o.metric,
             "activations": "uint8 (zero point 128)" if unsigned else "int8 (zero point 0)",
             "outputs_quantized": outputs}
@@ -213,7 +231,7 @@ class QuantizeInt8(Pass):
             raise UserError(f"quantize-int8: ONNX Runtime cannot run the float32 model on the "
                             f"calibration feeds ({type(e).__name__}: {first}); fix the feeds "
                             "(calib=, dims=)") from e
-        cache: WeightCache = {}
+        cache = WeightCache(qmax)
         shipped = unsigned or outputs  # the cpu form: measured as ONNX Runtime runs it (rule 5)
         stats["measured_with"] = "ORT_ENABLE_ALL" if shipped else "ORT_DISABLE_ALL"
 

@@ -14,8 +14,8 @@ MIN_SCALE = np.float32(1e-12)
 divides by it; the channel's codes are 0 whatever the scale)."""
 
 
-def weight_scales(w: np.ndarray, axis: int) -> np.ndarray:
-    """Per-channel symmetric scales ``max |w| / 127`` along ``axis``.
+def weight_scales(w: np.ndarray, axis: int, qmax: int = QMAX) -> np.ndarray:
+    """Per-channel symmetric scales ``max |w| / qmax`` along ``axis``.
 
     Source: symmetric per-channel weight quantization as in NVIDIA's "Integer Quantization for Deep
     Learning Inference" (Wu et al. 2020, section 3: max calibration of weights, scale =
@@ -25,6 +25,8 @@ def weight_scales(w: np.ndarray, axis: int) -> np.ndarray:
         w: float32 weight of any rank, e.g. Conv ``[C_out, C_in/group, kH, kW]`` or MatMul
             ``[K, N]``.
         axis: the channel axis (Conv: 0, MatMul B ``[K, N]``: 1, Gemm with transB=1: 0).
+        qmax: the largest code: 127 (8 bits), or 63 (7 bits) for CPUs whose int8 kernels
+            saturate (:attr:`passctl.targets.cpu_isa.CpuIsa.int8_weight_qmax`).
 
     Returns:
         float32 ``[w.shape[axis]]``: positive scales (:data:`MIN_SCALE` for all-zero channels).
@@ -32,17 +34,18 @@ def weight_scales(w: np.ndarray, axis: int) -> np.ndarray:
     w = np.asarray(w, np.float32)
     reduce = tuple(i for i in range(w.ndim) if i != axis)
     amax = np.max(np.abs(w), axis=reduce) if reduce else np.abs(w)
-    return np.maximum(amax / np.float32(QMAX), MIN_SCALE).astype(np.float32)
+    return np.maximum(amax / np.float32(qmax), MIN_SCALE).astype(np.float32)
 
 
-def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int) -> np.ndarray:
-    """int8 codes of ``w``: ``clip(round_half_even(w / scale), -127, 127)`` per channel.
+def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int, qmax: int = QMAX) -> np.ndarray:
+    """int8 codes of ``w``: ``clip(round_half_even(w / scale), -qmax, qmax)`` per channel.
 
     This is ONNX ``QuantizeLinear``'s formula (opset 13 spec: ``saturate(round(x / y_scale) +
     y_zero_point)``, rounding half to even) with zero point 0, computed in float32 as ONNX does.
 
     Args:
-        w: float32 weight; ``scales``: float32 ``[w.shape[axis]]``; ``axis``: the channel axis.
+        w: float32 weight; ``scales``: float32 ``[w.shape[axis]]``; ``axis``: the channel axis;
+            ``qmax``: the largest code (as :func:`weight_scales`).
 
     Returns:
         int8 array of ``w``'s shape.
@@ -50,7 +53,7 @@ def quantize_weight(w: np.ndarray, scales: np.ndarray, axis: int) -> np.ndarray:
     shape = [1] * w.ndim
     shape[axis] = -1
     q = np.rint(np.asarray(w, np.float32) / scales.reshape(shape).astype(np.float32))
-    return np.clip(q, -QMAX, QMAX).astype(np.int8)
+    return np.clip(q, -qmax, qmax).astype(np.int8)
 
 
 def activation_scale(samples: Sequence[np.ndarray], method: str,

@@ -16,7 +16,7 @@ from passctl.ir.errors import UserError
 from passctl.targets.base import Emitter, dtype_name, value_specs
 from passctl.targets.onnxruntime.emit import (DATA_FILE, EXTERNAL_DATA_THRESHOLD, MODEL_FILE,
                                               load_check, write_onnx)
-from passctl.targets.profiles import TargetProfile
+from passctl.targets.profiles import TargetProfile, get_target
 from passctl.targets.tensorrt.engine import ENGINE_FILE, build_engine, engine_unavailable
 from passctl.targets.tensorrt.shapes import (optimization_profile, parse_shape_ranges,
                                              trtexec_shapes)
@@ -147,8 +147,9 @@ class TensorRTEmitter(Emitter):
             if p.name != "quantize-int8":
                 continue
             o = p.options
-            if o.activations == "uint8" or (o.activations == "auto" and o.target == "cpu"):
-                why = "activations=uint8" if o.activations == "uint8" else "target=cpu"
+            cpu = not get_target(o.target).is_gpu
+            if o.activations == "uint8" or (o.activations == "auto" and cpu):
+                why = "activations=uint8" if o.activations == "uint8" else f"target={o.target}"
                 raise UserError(f"--emit tensorrt: quantize-int8{{{why}}} writes uint8 activations "
                                 "with zero point 128, and TensorRT requires zero points of 0; drop "
                                 f"{why} (GPU targets get int8 with zero point 0)")

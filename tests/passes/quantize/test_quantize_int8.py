@@ -80,16 +80,22 @@ def _dq_of(proto: onnx.ModelProto, consumer: str, index: int):
     return source, inits[dq.input[1]], inits[dq.input[2]], axis
 
 
-def test_weight_scales_and_zero_points_match_numpy():
+@pytest.mark.parametrize("target,qmax", [("cpu-vnni", 127), ("a10", 127), ("cpu-avx2", 63),
+                                         ("cpu-arm64-dotprod", 127)])
+def test_weight_scales_and_zero_points_match_numpy(target, qmax):
+    # 8-bit weight codes, except 7 bits on x86 without VNNI, whose U8S8 kernels add pairs of
+    # products in saturating int16 (targets/cpu_isa.py); the named profiles fix the ISA, so this
+    # holds on any machine
     original = _small_model()
-    _, proto, stats = _quantize(original, "budget=10")
+    _, proto, stats = _quantize(original, "budget=10", target)
     assert stats["quantized_layers"] == 3 and stats["float_layers"] == 0
+    assert stats["weight_bits"] == (7 if qmax == 63 else 8)
     weights = {i.name: numpy_helper.to_array(i) for i in original.graph.initializer}
     for consumer, name, axis in (("conv", "W", 0), ("matmul", "M", 1), ("gemm", "G", 0)):
         codes, scale, zero, got_axis = _dq_of(proto, consumer, 1)
         w = weights[name].astype(np.float64)
         other = tuple(i for i in range(w.ndim) if i != axis)
-        want_scale = np.abs(w).max(axis=other) / 127.0
+        want_scale = np.abs(w).max(axis=other) / qmax
         shape = [1] * w.ndim
         shape[axis] = -1
         assert got_axis == axis and codes.dtype == np.int8 and codes.shape == w.shape
@@ -97,7 +103,7 @@ def test_weight_scales_and_zero_points_match_numpy():
         live = want_scale > 0
         np.testing.assert_allclose(scale[live], want_scale[live], rtol=1e-6)
         assert (scale > 0).all()  # the all-zero Conv channel still gets a positive scale
-        want_codes = np.clip(np.rint(w / np.where(live, want_scale, 1).reshape(shape)), -127, 127)
+        want_codes = np.clip(np.rint(w / np.where(live, want_scale, 1).reshape(shape)), -qmax, qmax)
         assert np.abs(codes.astype(np.int64) - want_codes).max() <= 1  # float32 vs float64 ties
         assert (codes[2] == 0).all() if name == "W" else True
     biases = {n.name: n.input[2] for n in proto.graph.node if n.op_type in ("Conv", "Gemm")}
@@ -130,21 +136,53 @@ def test_activation_scales_from_calibration(calibration, target):
     assert stats["calibration"] == calibration and stats["calibration_feeds"] == 2
 
 
-@pytest.mark.parametrize("target", ["cpu", "a10"])
+def _mean_rel_worst(original, proto, optimize: bool) -> float:
+    """The worst mean-rel of ``proto`` (run unoptimized, or with ORT_ENABLE_ALL as an ONNX Runtime
+    artifact ships) against the float model run unoptimized, over :func:`_feeds`."""
+    worst = 0.0
+    for feed in _feeds():
+        r = _run(original, feed).astype(np.float64)
+        c = _run(proto, feed, optimize=optimize).astype(np.float64)
+        worst = max(worst, np.abs(r - c).sum() / np.abs(r).sum())
+    return worst
+
+
+@pytest.mark.parametrize("target", ["cpu", "cpu-avx2", "a10"])
 def test_qdq_model_runs_and_error_is_the_reported_one(target):
+    # "cpu" is this machine's ISA, whatever it is; "cpu-avx2" (7-bit weights) runs exactly on any
+    # x86 or Arm CPU. Both are measured as an ONNX Runtime artifact ships (ORT_ENABLE_ALL, fused
+    # int8 kernels) on the machine the test runs on; a10's form unoptimized, as TensorRT parses it.
     original = _small_model()
     _, proto, stats = _quantize(original, "budget=10,metric=mean-rel", target)
     onnx.checker.check_model(proto)
-    worst = 0.0
-    for feed in _feeds():
-        r, c = _run(original, feed).astype(np.float64), _run(proto, feed).astype(np.float64)
-        worst = max(worst, np.abs(r - c).sum() / np.abs(r).sum())
+    shipped = target != "a10"
+    worst = _mean_rel_worst(original, proto, optimize=shipped)
     assert worst > 0  # it did quantize
     # the reported error is the measured one
     assert worst == pytest.approx(stats["error"], rel=1e-3)
-    # ONNX Runtime with its QDQ fusions (int8 kernels) computes the same graph
-    fused = _run(proto, _feeds()[0], optimize=True)
-    np.testing.assert_allclose(fused, _run(proto, _feeds()[0]), rtol=1e-3, atol=1e-4)
+    assert stats["measured_with"] == ("ORT_ENABLE_ALL" if shipped else "ORT_DISABLE_ALL")
+    # ONNX Runtime with its QDQ fusions (int8 kernels) computes the same graph: for the cpu forms
+    # on this machine's kernels, which never saturate for the ISA the form was built for
+    if shipped:
+        fused = _run(proto, _feeds()[0], optimize=True)
+        np.testing.assert_allclose(fused, _run(proto, _feeds()[0]), rtol=1e-3, atol=1e-4)
+
+
+def test_full_range_weights_are_exact_where_the_host_has_vnni():
+    # 8-bit weights (cpu-vnni's form) through ONNX Runtime's fused U8S8 kernels: equal to the QDQ
+    # graph's math on a CPU with VNNI (int32 accumulation); on x86 without VNNI the int16 pairs
+    # saturate and the error grows, which is why the cpu target uses 7 bits there. Depends on
+    # the machine by design: the expectation follows host_isa().
+    from passctl.targets.cpu_isa import host_isa
+
+    original = _small_model()
+    _, proto, stats = _quantize(original, "budget=10,metric=mean-rel", "cpu-vnni")
+    assert stats["weight_bits"] == 8
+    unfused, fused = (_mean_rel_worst(original, proto, optimize=o) for o in (False, True))
+    if host_isa().u8s8_saturates:
+        assert fused > 1.5 * unfused  # saturation: the reason for reduce_range
+    else:
+        assert fused == pytest.approx(unfused, rel=2e-2)
 
 
 def test_tiny_budget_puts_layers_back_to_float():
@@ -397,11 +435,11 @@ def test_fusedconv_is_split_and_quantized():
     ops = [n.op_type for n in proto.graph.node]
     assert "FusedConv" not in ops and "Relu" in ops and ops.count("Conv") == 1
     assert stats["fusedconv_split"] == 1 and stats["quantized_layers"] == 3
-    worst = 0.0
-    for feed in _feeds():
-        r, c = _run(original, feed).astype(np.float64), _run(proto, feed).astype(np.float64)
-        worst = max(worst, np.abs(r - c).sum() / np.abs(r).sum())
+    # measured as the cpu artifact ships (ORT_ENABLE_ALL) on this machine, as the pass measures it
+    worst = _mean_rel_worst(original, proto, optimize=True)
     assert 0 < worst and worst == pytest.approx(stats["error"], rel=1e-2)
+    # and the fused int8 kernels compute the QDQ graph's math on this machine's ISA
+    assert worst == pytest.approx(_mean_rel_worst(original, proto, optimize=False), rel=5e-2)
 
 
 @pytest.mark.parametrize("outputs", [False, True])
@@ -410,12 +448,13 @@ def test_local_sensitivity_of_matmul_matches_numpy(outputs):
     output too exactly when ``outputs``), against numpy on the float activations from ONNX Runtime."""
     from passctl.passes.quantize.calibrate import calibrate, sensitivity
     from passctl.passes.quantize.layers import find_layers
+    from passctl.passes.quantize.qdq import WeightCache
 
     model = from_onnx(_small_model())
     layers, _ = find_layers(model.graph)
     feeds = _feeds()
     scales, _ = calibrate(model, layers, feeds, "minmax", 99.99, outputs)
-    sens = sensitivity(model, layers, scales, feeds, {}, False, outputs)
+    sens = sensitivity(model, layers, scales, feeds, WeightCache(), False, outputs)
     matmul = next(l for l in layers if l.op == "MatMul")
     f_all = [f.astype(np.float64) for f in _float_f(feeds)]
     m = next(numpy_helper.to_array(i) for i in _small_model().graph.initializer if i.name == "M")
