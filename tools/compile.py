@@ -296,6 +296,28 @@ def _default_rtol(args, flat, console) -> None:
                   markup=False, highlight=False)
 
 
+def _check_on_calibration_feed(args, flat, console) -> None:
+    """Without ``--inputs`` and ``--rtol``, check on the first calibration feed of the first budget
+    pass (amp's ``mixed-precision``, ``quantize-int8``) that has ``calib=DIR``: the bound is that
+    pass's budget, which holds on its calibration feeds, not on seeded random data (PP-OCRv4 det
+    int8 with real text images: mean-rel 0.018 on them, 7.7 on uniform noise, whose outputs are
+    near zero). Sets ``args.inputs`` and says so unless ``quiet``."""
+    if args.inputs or args.rtol is not None or not (args.check or args.check_each):
+        return
+    for p in flat:
+        calib = getattr(p.options, "calib", "") if p.name in ("mixed-precision",
+                                                              "quantize-int8") else ""
+        if calib and os.path.isdir(calib):
+            feeds = sorted(f for f in os.listdir(calib) if f.endswith(".npz"))
+            if feeds:  # (a folder without feeds is the pass's error, with its own message)
+                args.inputs = os.path.join(calib, feeds[0])
+                if not args.quiet:
+                    console.print(f"note: the check runs on {p.name}'s calibration feed "
+                                  f"{args.inputs}, where its budget holds (give --inputs for "
+                                  "another)", markup=False, highlight=False)
+                return
+
+
 def _pass_word(name: str) -> str:
     """How messages name a budget pass: ``amp`` or ``quantize``."""
     return "amp" if name == "mixed-precision" else "quantize"
@@ -424,6 +446,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     passes = build_pipeline(args.pipeline, target.name, emitter.name)
     flat = PassManager(passes).flat_passes()
     emitter.check_passes(flat)
+    _check_on_calibration_feed(args, flat, console)
     dims, overrides = parse_dims(args.dim), load_input_file(args.inputs)
     _default_rtol(args, flat, console)
     steps = 1 + len(passes) + 1 + 1 + int(args.check)  # load, passes, final dce, emit, check

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -59,3 +60,19 @@ def write_feeds(folder: Path, feeds: List[Dict[str, np.ndarray]]) -> Path:
     for i, feed in enumerate(feeds):
         np.savez(folder / f"feed_{i:03d}.npz", **feed)
     return folder
+
+
+def main(argv: List[str]) -> int:
+    """``python tests/passes/quantize/ocr_images.py FOLDER COUNT SIZE``: COUNT PP-OCR det
+    calibration feeds of SIZE x SIZE synthetic text images (seeds 0, 1, ...) as ``.npz`` files."""
+    if len(argv) != 3 or not argv[1].isdigit() or not argv[2].isdigit() or int(argv[2]) % 32:
+        print("usage: ocr_images.py FOLDER COUNT SIZE (SIZE a multiple of 32)", file=sys.stderr)
+        return 2
+    folder, count, size = Path(argv[0]), int(argv[1]), int(argv[2])
+    write_feeds(folder, [det_input(size, size, seed) for seed in range(count)])
+    print(f"{folder}: {count} feeds of [1, 3, {size}, {size}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
