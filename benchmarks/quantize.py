@@ -24,7 +24,11 @@ only speed up that share, so with that part k times faster the model is at most
 ``1 / (1 - share + share / k)`` times faster (Amdahl's law), printed for k = 2 and 4.
 
 Feeds: PP-OCRv4 det: synthetic text images (``tests/passes/quantize/ocr_images.py``) at 640x640;
-ResNet-50 (``tests/zoo.py``, timm, random weights): seeded ``make_inputs`` in [-1, 1).
+ResNet-50 (``tests/zoo.py``, timm, random weights): seeded ``make_inputs`` in [-1, 1); MiniLM
+(all-MiniLM-L6-v2, real weights, ``minilm_legacy``): seeded random token ids at batch 1, sequence
+128 (passctl's pipelines get ``dims=batch=1;sequence=128`` through ``--pipelines``). The first line
+printed names the CPU's instruction set (``passctl.targets.cpu_isa``): the int8 form and speed
+depend on it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ sys.path.insert(0, str(REPO / "tests" / "passes" / "quantize"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 THREADS = 2
+MINILM_DIMS = {"batch": 1, "sequence": 128}
 
 
 def _model(model_id: str, count: int, seed: int):
@@ -58,7 +63,11 @@ def _model(model_id: str, count: int, seed: int):
         from zoo import ZOO
         path = ZOO["resnet50"].path
         return path, [make_inputs(path, seed=seed + k) for k in range(count)]
-    raise SystemExit(f"unknown model {model_id}; use ppocr_det, resnet50")
+    if model_id == "minilm":
+        from corpus import CORPUS
+        path = CORPUS["minilm_legacy"].path
+        return path, [make_inputs(path, seed=seed + k, dim_values=MINILM_DIMS) for k in range(count)]
+    raise SystemExit(f"unknown model {model_id}; use ppocr_det, resnet50, minilm")
 
 
 def _passctl(src: str, calib: Path, out: Path, pipeline: str) -> dict:
@@ -179,6 +188,13 @@ def main(argv=None) -> int:
     from passctl_path import ensure_passctl_importable
 
     ensure_passctl_importable()
+    import onnxruntime
+
+    from passctl.targets.cpu_isa import host_isa
+
+    isa = host_isa()
+    print(f"CPU: {isa.name} ({', '.join(isa.features) or 'no known features'}); int8 kernels: "
+          f"{isa.int8_kernels}; ONNX Runtime {onnxruntime.__version__}\n", flush=True)
     for model_id in args.models.split(","):
         print("\n".join(bench(model_id, args)), flush=True)
     return 0
