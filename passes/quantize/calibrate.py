@@ -13,27 +13,31 @@ from passctl.ir import Builder, DataType, Model, Node, Shape, TensorType, Value
 from passctl.passes._snapshot import clone_model
 from passctl.passes.precision.sensitivity import Feeds, error_ratio, run_model
 from passctl.passes.quantize.layers import QuantLayer
-from passctl.passes.quantize.qdq import WeightCache, dequantized_weight, fake_quantized
+from passctl.passes.quantize.qdq import (ActivationScales, WeightCache, dequantized_weight,
+                                         fake_quantized, quantized_output)
 from passctl.passes.quantize.scales import activation_scale
 
 logger = logging.getLogger(__name__)
 
 
-def _tensors(nodes: List[Node], layers: Sequence[QuantLayer], outputs: bool) -> List[Value]:
+def _tensors(nodes: List[Node], layers: Sequence[QuantLayer], outputs: bool,
+             unsigned: bool = False) -> List[Value]:
     """The values that get activation scales: every layer's data input, and with ``outputs`` its
-    first output."""
+    first output and the value its output QuantizeLinear may follow instead
+    (:func:`passctl.passes.quantize.qdq.quantized_output`: a Relu's output in the unsigned form)."""
     values: List[Value] = []
     for layer in layers:
         node = nodes[layer.position]
         values.append(node.inputs[layer.data_index])
         if outputs:
             values.append(node.outputs[0])
+            values.append(quantized_output(node, unsigned))
     return list(dict.fromkeys(values))
 
 
 def calibrate(model: Model, layers: Sequence[QuantLayer], feeds: Feeds, method: str,
-              percentile: float, outputs: bool = False
-              ) -> Tuple[Dict[str, float], List[Dict[str, np.ndarray]]]:
+              percentile: float, outputs: bool = False, unsigned: bool = False
+              ) -> Tuple[ActivationScales, List[Dict[str, np.ndarray]]]:
     """Activation scales of the layers' data inputs (and first outputs with ``outputs``), and the
     float model's outputs, in one run.
 
@@ -49,7 +53,8 @@ def calibrate(model: Model, layers: Sequence[QuantLayer], feeds: Feeds, method: 
         method: ``minmax`` or ``percentile``; ``percentile`` in (0, 100].
 
     Returns:
-        ``({activation name: float32 scale}, [per feed {model output name: array}])``.
+        ``(ActivationScales {activation name: float32 scale} with the names whose values were all
+        >= 0 as ``nonnegative``, [per feed {model output name: array}])``.
 
     Raises:
         Exception: whatever ONNX Runtime raises when the model does not run on the feeds.
@@ -58,7 +63,7 @@ def calibrate(model: Model, layers: Sequence[QuantLayer], feeds: Feeds, method: 
     nodes = list(work.graph)
     originals = [v.name for v in work.graph.outputs]
     exposed: List[str] = []
-    tensors = _tensors(nodes, layers, outputs)
+    tensors = _tensors(nodes, layers, outputs, unsigned)
     for x in tensors:
         if x.is_graph_input() or x.name in exposed or x.name in originals:
             continue
@@ -67,11 +72,13 @@ def calibrate(model: Model, layers: Sequence[QuantLayer], feeds: Feeds, method: 
         work.graph.outputs = list(work.graph.outputs) + [x]
         exposed.append(x.name)
     results = run_model(work, feeds, outputs=originals + exposed)
-    scales: Dict[str, float] = {}
+    scales = ActivationScales()
     for name in (x.name for x in tensors):
         if name not in scales:
             samples = [f[name] if name in f else r[name] for f, r in zip(feeds, results)]
             scales[name] = activation_scale(samples, method, percentile)
+            if all(np.nanmin(s) >= 0 for s in samples if np.size(s)):
+                scales.nonnegative.add(name)
     reference = [{k: r[k] for k in originals} for r in results]
     return scales, reference
 
@@ -120,8 +127,9 @@ def sensitivity(model: Model, layers: Sequence[QuantLayer], scales: Dict[str, fl
     for layer in layers:
         node = nodes[layer.position]
         ins = list(node.inputs)
-        ins[layer.data_index] = fake_quantized(b, ins[layer.data_index],
-                                               scales[ins[layer.data_index].name], unsigned)
+        x = ins[layer.data_index]
+        ins[layer.data_index] = fake_quantized(b, x, scales[x.name], unsigned,
+                                               x.name in getattr(scales, "nonnegative", ()))
         ins[layer.weight_index] = dequantized_weight(b, layer, cache)
         out = Value(graph.fresh_name(f"quant_probe_{layer.position}"), node.outputs[0].type)
         extra = [Value(graph.fresh_name("quant_probe_unused")) for _ in node.outputs[1:]]
@@ -129,7 +137,8 @@ def sensitivity(model: Model, layers: Sequence[QuantLayer], scales: Dict[str, fl
                           [out, *extra], name=graph.fresh_name(f"quant_probe_{layer.name}")))
         ref = node.outputs[0]
         if outputs and ref.name in scales:
-            out = fake_quantized(b, out, scales[ref.name], unsigned)
+            out = fake_quantized(b, out, scales[ref.name], unsigned,
+                                 ref.name in getattr(scales, "nonnegative", ()))
         diff = b.op("Sub", out, ref)
         probes[layer.position] = tuple(v.name for v in (
             scalar("ReduceMax", diff), scalar("ReduceSum", diff), scalar("ReduceMax", ref),

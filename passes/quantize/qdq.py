@@ -66,19 +66,55 @@ def dequantized_weight(b: Builder, layer: QuantLayer, cache: Optional[WeightCach
     return out
 
 
-def fake_quantized(b: Builder, x: Value, scale: float, unsigned: bool = False) -> Value:
+class ActivationScales(dict):
+    """Activation name -> symmetric per-tensor scale (``max |x| / 127``, or the percentile's), plus
+    ``nonnegative``: the names whose calibration values were all >= 0 (ReLU outputs, pooled ReLU
+    outputs), which the unsigned cpu form codes on [0, 255] with zero point 0."""
+
+    def __init__(self, *args, nonnegative=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.nonnegative = set(nonnegative)
+
+
+UNSIGNED_ABSORBED = ("Relu",)
+"""Ops between a quantized layer and its output QuantizeLinear that ONNX Runtime drops when the
+QuantizeLinear's uint8 zero point is 0 (its ``ReluQuantFusion``: the Q clamps at 0 already), so
+``DQ -> Conv -> Relu -> Q`` still becomes one QLinearConv."""
+
+
+def quantized_output(node: Node, unsigned: bool) -> Value:
+    """The value whose QuantizeLinear ends ``node``'s int8 unit in the cpu form: the output of a
+    Relu that is the only reader of ``node``'s first output (unsigned form only; ONNX Runtime then
+    folds the Relu into the Q, see :data:`UNSIGNED_ABSORBED`), else that output itself."""
+    y = node.outputs[0]
+    uses = y.uses()
+    if unsigned and len(uses) == 1 and not y.is_graph_output():
+        reader = uses[0][0]
+        if reader.op_type in UNSIGNED_ABSORBED and reader.domain in ("", "ai.onnx"):
+            return reader.outputs[0]
+    return y
+
+
+def fake_quantized(b: Builder, x: Value, scale: float, unsigned: bool = False,
+                   nonnegative: bool = False) -> Value:
     """``DequantizeLinear(QuantizeLinear(x, s, zp), s, zp)`` built with ``b``: ``x`` rounded to the
     symmetric int8 grid of step ``s`` (per tensor), float32 again.
 
     ``unsigned=False``: int8 codes, zero point 0 (TensorRT). ``unsigned=True``: uint8 codes with
     zero point 128, the same grid (``q_u8 = q_i8 + 128``, saturating at [0, 255] exactly where int8
-    saturates at [-128, 127]), the activation type of ONNX Runtime's x86 U8S8 int8 kernels.
+    saturates at [-128, 127]), the activation type of ONNX Runtime's x86 U8S8 int8 kernels; with
+    ``nonnegative`` too (a tensor calibrated >= 0), uint8 codes with zero point 0 and step
+    ``s * 127 / 255``: the same range [0, max], twice the resolution, and the zero point at
+    which ONNX Runtime drops a Relu before the QuantizeLinear (ONNX Runtime's quantizer codes
+    such tensors the same way: asymmetric uint8, min 0).
     """
     graph = b.graph
     base = x.name.replace("/", "_")
-    s = graph.add_constant(np.array(scale, np.float32), f"{base}_scale")
-    z = graph.add_constant(np.array(128, np.uint8) if unsigned else np.array(0, np.int8),
-                           f"{base}_zero_point")
+    half = unsigned and nonnegative
+    s = graph.add_constant(np.array(scale * 127.0 / 255.0 if half else scale, np.float32),
+                           f"{base}_scale")
+    z = graph.add_constant(np.array(0 if half else 128, np.uint8) if unsigned
+                           else np.array(0, np.int8), f"{base}_zero_point")
     q = _typed(b.op("QuantizeLinear", x, s, z, name=f"{base}_q", output_names=[f"{base}_int8"]),
                DataType.UINT8 if unsigned else DataType.INT8, x)
     return _typed(b.op("DequantizeLinear", q, s, z, name=f"{base}_dq", output_names=[f"{base}_dq"]),
@@ -113,23 +149,29 @@ def apply_qdq(model: Model, layers: Iterable[QuantLayer], act_scales: Mapping[st
             pass
         else:
             if x not in shared:
-                shared[x] = fake_quantized(b, x, act_scales[x.name], unsigned)
+                shared[x] = fake_quantized(b, x, act_scales[x.name], unsigned, _nonneg(act_scales, x))
                 added += 2
             node.set_input(layer.data_index, shared[x])
         old = node.inputs[layer.weight_index]
         node.set_input(layer.weight_index, dequantized_weight(b, layer, cache))
         added += 1
         _drop_if_unused(model, old)
-        y = node.outputs[0]
+        y = quantized_output(node, unsigned) if outputs else node.outputs[0]
+        if y is not node.outputs[0] and y.name not in act_scales:
+            y = node.outputs[0]
         if (outputs and not y.is_graph_output() and y.uses() and y.name in act_scales
                 and y not in shared):
             readers = y.uses()
-            after = Builder(graph, before=node.next, provenance=node.provenance)
-            shared[y] = fake_quantized(after, y, act_scales[y.name], unsigned)
+            after = Builder(graph, before=y.producer.next, provenance=node.provenance)
+            shared[y] = fake_quantized(after, y, act_scales[y.name], unsigned, _nonneg(act_scales, y))
             added += 2
             for reader, i in readers:
                 reader.set_input(i, shared[y])
     return added
+
+
+def _nonneg(act_scales: Mapping[str, float], x: Value) -> bool:
+    return x.name in getattr(act_scales, "nonnegative", ())
 
 
 def _drop_if_unused(model: Model, weight: Value) -> None:

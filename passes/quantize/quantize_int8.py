@@ -225,7 +225,7 @@ class QuantizeInt8(Pass):
         stats["calibration_feeds"] = len(feeds)
         try:
             scales, reference = calibrate(model, layers, feeds, o.calibration, o.percentile,
-                                          outputs)
+                                          outputs, unsigned)
         except Exception as e:  # the user's model or feeds, before passctl changed anything
             first = str(e).splitlines()[0][:300] if str(e) else ""
             raise UserError(f"quantize-int8: ONNX Runtime cannot run the float32 model on the "

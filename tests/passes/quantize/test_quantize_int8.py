@@ -129,9 +129,13 @@ def test_activation_scales_from_calibration(calibration, target):
     want = (x.max() if calibration == "minmax" else np.percentile(x, 90)) / 127.0
     np.testing.assert_allclose(float(scale), want, rtol=1e-6)
     # the MatMul's input: the model's own intermediate value, computed by ONNX Runtime here
-    f = np.concatenate([np.abs(f).ravel() for f in _float_f(feeds)])
-    _, scale_f, _, _ = _dq_of(proto, "matmul", 0)
+    signed_f = np.concatenate([f.ravel() for f in _float_f(feeds)])
+    f = np.abs(signed_f)
+    _, scale_f, zero_f, _ = _dq_of(proto, "matmul", 0)
     want_f = (f.max() if calibration == "minmax" else np.percentile(f, 90)) / 127.0
+    if target == "cpu":  # f pools a Relu: all >= 0, so uint8 [0, 255] with zero point 0
+        assert signed_f.min() >= 0 and zero_f.dtype == np.uint8 and zero_f == 0
+        want_f = want_f * 127.0 / 255.0
     np.testing.assert_allclose(float(scale_f), want_f, rtol=1e-5)
     assert stats["calibration"] == calibration and stats["calibration_feeds"] == 2
 
@@ -414,13 +418,19 @@ def test_cpu_form_becomes_onnxruntime_int8_kernels(tmp_path):
     produced = {o: n for n in proto.graph.node for o in n.output}
     conv = next(n for n in proto.graph.node if n.name == "conv")
     readers = [n for n in proto.graph.node if conv.output[0] in n.input]
-    assert [n.op_type for n in readers] == ["QuantizeLinear"]
+    # the Conv's only reader is its Relu: the unit's QuantizeLinear follows the Relu, with the
+    # uint8 zero point 0 at which ONNX Runtime drops the Relu (the Q clamps at 0)
+    assert [n.op_type for n in readers] == ["Relu"]
+    after = [n for n in proto.graph.node if readers[0].output[0] in n.input]
+    assert [n.op_type for n in after] == ["QuantizeLinear"]
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    assert inits[after[0].input[2]].dtype == np.uint8 and inits[after[0].input[2]] == 0
     assert produced[conv.input[0]].op_type == "DequantizeLinear"
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     ops = {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
-    assert "QLinearConv" in ops and "Conv" not in ops
+    assert "QLinearConv" in ops and "Conv" not in ops and "Relu" not in ops
 
 
 def test_fusedconv_is_split_and_quantized():
