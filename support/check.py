@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 
 from passctl.ir.errors import UserError
-from passctl.tools.inputs import make_inputs
+from passctl.support.inputs import make_inputs
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from passctl.ir import Model
 from passctl.ir.errors import PassctlError, UserError
-from passctl.targets.profiles import TargetProfile
+from passctl.support.profiles import TargetProfile
 
 logger = logging.getLogger(__name__)
 

@@ -270,8 +270,8 @@ def _default_rtol(args, flat, console) -> None:
     by the pass's ``budget`` whatever its size (the largest budget when several passes share a
     metric; their outputs are meant to differ that much, measured the way the pass measured them),
     in pipeline order; without such a pass ``[("max-rel", DEFAULT_RTOL, "default")]``
-    (:data:`passctl.tools.check.DEFAULT_RTOL`). Says so when a budget is used."""
-    from passctl.tools.check import DEFAULT_RTOL
+    (:data:`passctl.support.check.DEFAULT_RTOL`). Says so when a budget is used."""
+    from passctl.support.check import DEFAULT_RTOL
 
     if args.rtol is not None:
         args.check_bounds = [("max-rel", float(args.rtol), "--rtol")]
@@ -324,14 +324,14 @@ def _check_inputs(header, dims: Dict[str, int], overrides: Dict[str, Any],
     """Check ``--dim`` names and ``--inputs`` arrays against the model's graph inputs up front
     (before any pass runs); with ``checking`` (``--check`` or ``--check-each``) also resolve every
     input's shape, so sizes that do not fit in memory fail now. ``header``: the original model's
-    :func:`passctl.tools.inputs.load_header` (``None`` when none of these options is given).
+    :func:`passctl.support.inputs.load_header` (``None`` when none of these options is given).
 
     Raises:
         UserError: a ``--dim`` name matches no symbolic dimension, an array names no input or has
             another dtype, rank or fixed dimension than its input, or the inputs would not fit in
             memory.
     """
-    from passctl.tools.inputs import check_dim_names, plan_inputs
+    from passctl.support.inputs import check_dim_names, plan_inputs
 
     if dims:
         check_dim_names(header, dims)
@@ -413,7 +413,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     from passctl.targets import get_emitter, get_target
     from passctl.tools.cli import InternalError
     from passctl.tools.commands import load_plugins
-    from passctl.tools.inputs import load_header
+    from passctl.support.inputs import load_header
     from passctl.tools.instrument_setup import build_instruments, instruments_report
 
     start = time.perf_counter()
@@ -583,7 +583,7 @@ def _run_check(reference: str, header, candidate: str, model, args, dims, overri
                known: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None) -> Dict[str, Any]:
     """The numeric check's report entry: inputs used, per-output errors, worst errors, ``ok``.
 
-    Uses :mod:`passctl.tools.check` (ONNX Runtime's CPU execution provider) on seeded inputs from
+    Uses :mod:`passctl.support.check` (ONNX Runtime's CPU execution provider) on seeded inputs from
     ``make_inputs``: the reference (original) runs with graph optimizations off; an ONNX Runtime
     artifact's ``model.onnx`` runs with its ``session.json``'s ``graph_optimization_level``
     (``ORT_ENABLE_ALL``: what ships, e.g. QLinearConv kernels for a quantized cpu model) and
@@ -597,7 +597,7 @@ def _run_check(reference: str, header, candidate: str, model, args, dims, overri
     of the static shapes in its manifest; without ``dims``, a TensorRT artifact's inputs take its
     optimization profile's OPT sizes. ``model``: the compiled IR the emitter wrote ``candidate``
     from (its graph inputs are the candidate's). ``header``: ``reference``'s
-    :func:`passctl.tools.inputs.load_header`, read once per compile. ``known``: ``(inputs,
+    :func:`passctl.support.inputs.load_header`, read once per compile. ``known``: ``(inputs,
     outputs)`` of the original already run (``--check-each``'s), reused when the check's inputs are
     the same arrays.
 
@@ -605,8 +605,8 @@ def _run_check(reference: str, header, candidate: str, model, args, dims, overri
         UserError: the original model itself fails on the inputs (sizes that do not fit it).
     """
     from passctl.targets.tvm.runtime import is_tvm_artifact
-    from passctl.tools.check import compare
-    from passctl.tools.inputs import draw_inputs, plan_inputs
+    from passctl.support.check import compare
+    from passctl.support.inputs import draw_inputs, plan_inputs
 
     folder = os.path.dirname(candidate)
     tvm = is_tvm_artifact(folder)
@@ -666,7 +666,7 @@ def _run_original(reference: str, inputs: Dict[str, Any],
     """
     import numpy as np
 
-    from passctl.tools.check import run_onnxruntime
+    from passctl.support.check import run_onnxruntime
 
     if known is not None and known[0].keys() == inputs.keys() and all(
             known[0][k].dtype == v.dtype and np.array_equal(known[0][k], v)
@@ -690,7 +690,7 @@ def _run_candidate(folder: str, candidate: str, inputs: Dict[str, Any], tvm: boo
         UserError: the CPU provider has no kernel for a low-precision op of the artifact.
     """
     from passctl.targets.tvm.runtime import load_artifact
-    from passctl.tools.check import run_onnxruntime
+    from passctl.support.check import run_onnxruntime
 
     try:
         return (load_artifact(folder).run(inputs) if tvm else
@@ -706,7 +706,7 @@ def _run_candidate(folder: str, candidate: str, inputs: Dict[str, Any], tvm: boo
 
 
 def _judge(result, bounds: List[Tuple[str, float, str]], atol: float) -> Dict[str, Any]:
-    """``result`` (a :class:`passctl.tools.check.CheckResult`) judged under every bound
+    """``result`` (a :class:`passctl.support.check.CheckResult`) judged under every bound
     ``(metric, rtol, source)``: its ``to_dict`` under the first, each output's ``ok``, and ``ok``,
     ``bounds``, ``atol``, ``max_abs``, ``max_rel``, ``failures``, ``passed_on_atol``,
     ``metric_error`` of the check's report entry."""
@@ -751,8 +751,8 @@ def _session_optimization(folder: str) -> Optional[str]:
 def _vacuous_check_warnings(want: Dict[str, Any], atol: float, dims: Dict[str, int],
                             sources: Dict[str, str], overrides: Dict[str, Any]) -> List[str]:
     """One warning when the original's outputs on the check's inputs leave little to compare
-    (:func:`passctl.tools.check.uninformative_outputs`), saying how to get telling inputs."""
-    from passctl.tools.check import uninformative_outputs
+    (:func:`passctl.support.check.uninformative_outputs`), saying how to get telling inputs."""
+    from passctl.support.check import uninformative_outputs
 
     reasons = uninformative_outputs(want, atol)
     if not reasons:

@@ -39,7 +39,7 @@ def build_instruments(args, reference: str, header, dims: Dict[str, int],
     Args:
         args: the parsed ``compile`` arguments (``check_bounds`` set by ``compile``).
         reference: path of the original model as ONNX (for ``--check-each``).
-        header: ``reference``'s :func:`passctl.tools.inputs.load_header` (with ``--check-each``),
+        header: ``reference``'s :func:`passctl.support.inputs.load_header` (with ``--check-each``),
             so the inputs are planned without reading the file again.
         dims: ``--dim`` sizes of symbolic input dimensions.
         overrides: ``--inputs`` arrays by input name.
@@ -56,7 +56,7 @@ def build_instruments(args, reference: str, header, dims: Dict[str, int],
     if args.dump_ir:
         instruments.append(DumpIR(args.dump_ir))
     if args.check_each:
-        from passctl.tools.check import make_inputs
+        from passctl.support.check import make_inputs
 
         inputs = make_inputs(header, seed=args.seed, dim_values=dims, overrides=overrides)
         instruments.append(CheckEach(reference, inputs=inputs, write=_stdout, atol=args.atol,

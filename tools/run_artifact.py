@@ -94,7 +94,7 @@ def _load_header(folder: str):
     import onnx
     from google.protobuf.message import DecodeError
 
-    from passctl.tools.inputs import drop_initializer_data
+    from passctl.support.inputs import drop_initializer_data
 
     try:
         proto = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
@@ -142,7 +142,7 @@ class _Runner:
         self.header = _load_header(folder)
         try:
             if self.kind == "tensorrt":  # its model.onnx (the network TensorRT parses) on the CPU
-                from passctl.tools.check import cpu_session
+                from passctl.support.check import cpu_session
 
                 self.session = cpu_session(os.path.join(folder, "model.onnx"), optimize=True)
             else:
@@ -194,7 +194,7 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
         UserError: not an artifact, unreadable ``inputs``, ``runs`` < 1, or inputs that do not fit.
     """
     from passctl.tools.compile import load_input_file
-    from passctl.tools.inputs import check_dim_names, make_inputs
+    from passctl.support.inputs import check_dim_names, make_inputs
 
     if runs < 1 or warmup < 0:
         raise UserError(f"--runs must be >= 1 and --warmup >= 0 (got {runs}, {warmup})")

@@ -21,7 +21,7 @@ from passctl.passes.precision.sensitivity import (calibration_inputs, check_sear
                                                   group_estimates, measure, output_error,
                                                   random_feeds_note, run_model, search_fp32_set)
 from passctl.passes.registry import register_pass
-from passctl.targets.profiles import TargetProfile, get_target
+from passctl.support.profiles import TargetProfile, get_target
 
 logger = logging.getLogger(__name__)
 

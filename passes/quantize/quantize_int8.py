@@ -23,7 +23,7 @@ from passctl.passes.quantize.opset import adopt, raise_opset
 from passctl.passes.quantize.qdq import QDQ_MIN_OPSET, WeightCache, apply_qdq
 from passctl.passes.quantize.unfuse import unfuse_conv
 from passctl.passes.registry import register_pass
-from passctl.targets.profiles import get_target
+from passctl.support.profiles import get_target
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from passctl.ir import Graph, Model, Tensor
 from passctl.targets.base import EmitError, Emitter
-from passctl.targets.profiles import TargetProfile
+from passctl.support.profiles import TargetProfile
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def write_onnx(model: Model, folder: str,
 def load_check(path: str, gpu: bool = False,
                optimize: Union[bool, str] = "ORT_ENABLE_ALL") -> Dict[str, Any]:
     """Open the ONNX file ``path`` in ONNX Runtime (CPU provider, session options from
-    :func:`passctl.tools.check.cpu_session`) to prove it is a valid model.
+    :func:`passctl.support.check.cpu_session`) to prove it is a valid model.
 
     ``optimize`` is the graph optimization level the session loads with, that of how the artifact
     is run: ``session.json``'s level for an ONNX Runtime artifact; ``False`` (``ORT_DISABLE_ALL``)
@@ -202,7 +202,7 @@ def load_check(path: str, gpu: bool = False,
         EmitError: ONNX Runtime cannot load it (its first message line), or, for a GPU artifact
             without a CPU kernel, the checker refuses it.
     """
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
 
     start = time.perf_counter()
     try:

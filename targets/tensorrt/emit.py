@@ -16,7 +16,7 @@ from passctl.ir.errors import UserError
 from passctl.targets.base import Emitter, dtype_name, value_specs
 from passctl.targets.onnxruntime.emit import (DATA_FILE, EXTERNAL_DATA_THRESHOLD, MODEL_FILE,
                                               load_check, write_onnx)
-from passctl.targets.profiles import TargetProfile
+from passctl.support.profiles import TargetProfile
 from passctl.targets.tensorrt.engine import ENGINE_FILE, build_engine, engine_unavailable
 from passctl.targets.tensorrt.shapes import (optimization_profile, parse_shape_ranges,
                                              trtexec_shapes)

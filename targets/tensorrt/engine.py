@@ -10,7 +10,7 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 from passctl.targets.base import EmitError
-from passctl.targets.profiles import TargetProfile
+from passctl.support.profiles import TargetProfile
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ def _decomposed(bb, q, k, v, mask, kind: str, attrs: Dict[str, Any], dtype: str)
 
 
 def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], kernels=None):
-    """Build Relax ops for one ``passctl::Attention`` (schema: passes/attention/canonical.py).
+    """Build Relax ops for one ``passctl::Attention`` (schema: dialect/attention.py).
 
     Q/K/V arrive in BHSD; Relax's ``nn.attention`` takes BSNH (``[B, S, H, D]``), so each is
     permuted, KV heads are repeated to H (``repeat`` on the head axis: head h reads KV head

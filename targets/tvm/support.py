@@ -8,7 +8,7 @@ import shutil
 from typing import Any, Dict
 
 from passctl.ir.errors import UserError
-from passctl.targets.profiles import TargetProfile
+from passctl.support.profiles import TargetProfile
 
 logger = logging.getLogger(__name__)
 

@@ -107,7 +107,7 @@ def test_gpu_only_options_for_cpu_are_warnings(tmp_path):
 
 
 def test_lower_tvm_dims_given_twice_is_an_error(tmp_path):
-    from passctl.passes.fusion.lower_tvm import parse_dims
+    from passctl.passes.lowering.lower_tvm import parse_dims
 
     with pytest.raises(UserError, match=r"dims name 'seq' is given twice \(8 and 9\)"):
         parse_dims("batch=1,seq=8,seq=9")
@@ -116,7 +116,7 @@ def test_lower_tvm_dims_given_twice_is_an_error(tmp_path):
 
 def test_lower_tvm_axis_out_of_range_says_so():
     from passctl.ir import from_onnx
-    from passctl.passes.fusion.lower_tvm import check_dims
+    from passctl.passes.lowering.lower_tvm import check_dims
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4, 4])],
