@@ -7,9 +7,7 @@ from typing import Any, Dict, Sequence
 
 import numpy as np
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+from passctl.targets.tvm.support import attr_text
 
 
 def _nan_to_zero(bb, y, dtype: str):
@@ -91,7 +89,7 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], kernels=No
     q, k, v = (bb.normalize(x) for x in inputs[:3])
     mask = bb.normalize(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
     heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
-    kind = _text(attrs.get("mask_kind", "none"))
+    kind = attr_text(attrs.get("mask_kind", "none"))
     dtype = str(q.ty.dtype)
     bsnh = [0, 2, 1, 3]
     if kernels is not None:

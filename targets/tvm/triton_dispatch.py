@@ -100,7 +100,7 @@ def call_attention(bb, lib: TritonLibrary, q, k, v, mask, attrs: Dict[str, Any])
     """
     from tvm import relax
 
-    from passctl.targets.tvm.relax_attention import _text as text
+    from passctl.targets.tvm.support import attr_text as text
 
     qs, ks, vs = ([int(x) for x in e.ty.shape] for e in (q, k, v))
     dtype = str(q.ty.dtype)
