@@ -12,7 +12,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from passctl.ir.errors import UserError
-from passctl.tools.cli import one_line
+from passctl.support.errors import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     Raises:
         UserError: not an artifact, unreadable ``inputs``, ``runs`` < 1, or inputs that do not fit.
     """
-    from passctl.tools.compile import load_input_file
+    from passctl.support.input_files import load_input_file
     from passctl.support.inputs import check_dim_names, make_inputs
 
     if runs < 1 or warmup < 0:
@@ -286,12 +286,12 @@ def _provider_note(folder: str, kind: str) -> str:
 
 def main(args, console) -> int:
     """The ``run`` subcommand: print one line per output and the median latency; return 0."""
-    from passctl.tools.compile import parse_dims
+    from passctl.support.dims import parse_dim_args
 
     if args.save_outputs:
         check_save_path(args.save_outputs)
     kind, outputs, times = run_artifact(args.artifact, args.inputs, args.runs, args.warmup,
-                                        args.seed, parse_dims(args.dim))
+                                        args.seed, parse_dim_args(args.dim))
     console.print(f"{args.artifact}: {kind} artifact{_provider_note(args.artifact, kind)}",
                   markup=False, highlight=False)
     for name, array in outputs.items():

@@ -39,7 +39,7 @@ MAX_SAMPLES = 1024
 def calibration_inputs(model: Model, calib: str = "", samples: int = 2, seed: int = 0,
                        dims: Optional[Mapping[str, int]] = None, owner: str = "amp") -> Feeds:
     """The calibration feeds: every ``*.npz`` of folder ``calib`` (one run each, arrays by input
-    name, read by :func:`passctl.tools.compile.load_input_file`), or ``samples`` seeded random
+    name, read by :func:`passctl.support.input_files.load_input_file`), or ``samples`` seeded random
     feeds from :func:`passctl.support.inputs.make_inputs` (its declared ranges: ids in [0, 1000),
     masks all ones, floats in [-1, 1)), seeds ``seed, seed+1, ...``. ``owner`` (the pass name)
     starts the error messages.
@@ -48,9 +48,9 @@ def calibration_inputs(model: Model, calib: str = "", samples: int = 2, seed: in
         UserError: ``calib`` does not exist, is not a folder, holds no .npz files, a file is not a
             readable .npz of numeric arrays (not a zip, Python objects, a folder named ``*.npz``),
             lacks a graph input or holds NaN or inf in one; a ``dims`` key names no unknown input
-            dimension (``lower_tvm.check_dims``); ``samples`` is above :data:`MAX_SAMPLES`.
+            dimension (:func:`passctl.support.dims.check_dims`); ``samples`` is above :data:`MAX_SAMPLES`.
     """
-    from passctl.passes.lowering.lower_tvm import check_dims
+    from passctl.support.dims import check_dims
 
     names = [v.name for v in model.graph.inputs if not v.is_initializer()]
     if dims:
@@ -99,7 +99,7 @@ def check_search_options(owner: str, budget: float, samples: int, metric: str,
 
 def _calibration_file(path: str, names: Sequence[str], owner: str) -> Dict[str, np.ndarray]:
     """The graph inputs ``names`` from calibration file ``path`` (one line UserErrors naming it)."""
-    from passctl.tools.compile import load_input_file
+    from passctl.support.input_files import load_input_file
 
     try:
         data = load_input_file(path)
