@@ -8,11 +8,12 @@ import enum
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 from passctl.ir.errors import UserError
 from passctl.passes.base import Pass
 from passctl.passes.registry import expand_alias, get_pass, is_alias
+from passctl.support.context import CompileContext
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
@@ -26,9 +27,10 @@ class PipelineSyntaxError(UserError):
     ``column`` is 1-based; ``str()`` is one line naming the column and what was expected.
     """
 
-    def __init__(self, text: str, column: int, message: str):
+    def __init__(self, text: str, column: int, message: str, label: Optional[str] = None):
         self.text, self.column, self.message = text, column, message
-        super().__init__(f"pipeline '{text}', column {column}: {message}")
+        super().__init__(f"{label}: {message}" if label else
+                         f"pipeline '{text}', column {column}: {message}")
 
 
 @dataclass
@@ -58,6 +60,50 @@ def _field_types(cls: Type[Pass]) -> Dict[str, Any]:
         return {}
     hints = typing.get_type_hints(cls.Options)
     return {f.name: hints.get(f.name, str) for f in dataclasses.fields(cls.Options)}
+
+
+def _pass_option_types(target: Optional[str], emitter: Optional[str]) -> Callable[[str], Dict[str, Any]]:
+    """The option types of a pass or alias name (an alias takes the options of all its passes)."""
+    def types(name: str) -> Dict[str, Any]:
+        merged: Dict[str, Any] = {}
+        for c in _option_classes(name, target, emitter):
+            for k, t in _field_types(c).items():
+                merged.setdefault(k, t)
+        return merged
+    return types
+
+
+class OptionWords:
+    """How option errors read: pipeline text's wording (``pass 'x' has no option 'y'``); the
+    emitter registry subclasses it for ``--emit`` text. Each method returns one message."""
+
+    def no_options(self, name: str) -> str:
+        return f"pass '{name}' takes no options"
+
+    def expected_key(self, name: str, found: str) -> str:
+        return f"expected an option name in '{name}{{...}}', found {found}"
+
+    def unknown_option(self, name: str, key: str, known: Sequence[str], hint: str) -> str:
+        return f"pass '{name}' has no option '{key}'; {hint}known options: {', '.join(known)}"
+
+    def twice(self, name: str, key: str) -> str:
+        return f"option '{key}' of '{name}' is given twice"
+
+    def no_equals(self, name: str, key: str, found: str) -> str:
+        return f"expected '=' after option '{key}', found {found}"
+
+    def bad_value(self, name: str, key: str, expected: str, raw: str) -> str:
+        return f"option '{key}' of '{name}' expects {expected}, got '{raw}'"
+
+    def unclosed(self, name: str, key: str, found: str) -> str:
+        return f"expected ',' or '}}' after the value of '{key}', found {found}"
+
+    def trailing(self, name: str) -> str:
+        return f"unexpected text after '{name}'"
+
+    def convert(self, raw: str, tp: Any) -> Any:
+        """``raw`` as a value of type ``tp`` (raises ValueError naming what was expected)."""
+        return _convert(raw, tp)
 
 
 def _convert(raw: str, tp: Any) -> Any:
@@ -107,11 +153,23 @@ def _convert(raw: str, tp: Any) -> Any:
 
 
 class _Parser:
-    def __init__(self, text: str, target: Optional[str], emitter: Optional[str] = None):
-        self.text, self.pos, self.target, self.emitter = text, 0, target, emitter
+    """Reads ``name{key=value,...}`` items: the one parser of pipeline text and ``--emit`` text.
+
+    Args:
+        text: the text.
+        option_types: ``name -> {option: type}``; raises UserError for an unknown name.
+        words: the wording of option errors.
+        label: the error prefix instead of ``pipeline 'TEXT', column N`` (``--emit 'TEXT'``).
+    """
+
+    def __init__(self, text: str, option_types: Callable[[str], Dict[str, Any]],
+                 words: Optional[OptionWords] = None, label: Optional[str] = None):
+        self.text, self.pos, self.option_types = text, 0, option_types
+        self.words, self.label = words or OptionWords(), label
 
     def error(self, message: str, pos: Optional[int] = None) -> PipelineSyntaxError:
-        return PipelineSyntaxError(self.text, (self.pos if pos is None else pos) + 1, message)
+        return PipelineSyntaxError(self.text, (self.pos if pos is None else pos) + 1, message,
+                                   self.label)
 
     def skip_ws(self) -> None:
         while self.pos < len(self.text) and self.text[self.pos].isspace():
@@ -146,21 +204,18 @@ class _Parser:
         name = m.group(0)
         self.pos = m.end()
         try:
-            classes = _option_classes(name, self.target, self.emitter)
+            types = self.option_types(name)
         except UserError as e:
-            raise PipelineSyntaxError(self.text, start + 1, str(e)) from None
+            raise self.error(str(e), start) from None
         spec = PassSpec(name, {}, start + 1)
         self.skip_ws()
         if self.peek() == "{":
             self.pos += 1
-            spec.options = self.options(name, classes)
+            spec.options = self.options(name, types)
         return spec
 
-    def options(self, name: str, classes: List[Type[Pass]]) -> Dict[str, Any]:
-        types: Dict[str, Any] = {}
-        for c in classes:
-            for k, t in _field_types(c).items():
-                types.setdefault(k, t)
+    def options(self, name: str, types: Dict[str, Any]) -> Dict[str, Any]:
+        words = self.words
         opts: Dict[str, Any] = {}
         prev: Optional[Tuple[str, str]] = None  # the last option read and its raw value
         self.skip_ws()
@@ -172,38 +227,37 @@ class _Parser:
             kstart = self.pos
             m = _KEY.match(self.text, self.pos)
             if not m:
-                raise self.error(f"expected an option name in '{name}{{...}}', found {self.found()}")
+                raise self.error(words.expected_key(name, self.found()))
             key = m.group(0).replace("-", "_")
             self.pos = m.end()
             if key not in types:
                 if not types:
-                    raise self.error(f"pass '{name}' takes no options", kstart)
+                    raise self.error(words.no_options(name), kstart)
                 close = difflib.get_close_matches(key, list(types), n=1)
                 hint = f"did you mean '{close[0]}'? " if close else ""
                 if not close and prev is not None:
                     hint = self._quote_hint(prev, kstart)
-                raise self.error(f"pass '{name}' has no option '{key}'; {hint}"
-                                 f"known options: {', '.join(types)}", kstart)
+                raise self.error(words.unknown_option(name, key, list(types), hint), kstart)
             if key in opts:
-                raise self.error(f"option '{key}' of '{name}' is given twice", kstart)
+                raise self.error(words.twice(name, key), kstart)
             self.skip_ws()
             if self.peek() != "=":
-                raise self.error(f"expected '=' after option '{key}', found {self.found()}")
+                raise self.error(words.no_equals(name, key, self.found()))
             self.pos += 1
             self.skip_ws()
             vstart = self.pos
             raw = self.value()
             try:
-                opts[key] = _convert(raw, types[key])
+                opts[key] = words.convert(raw, types[key])
             except ValueError as e:
-                raise self.error(f"option '{key}' of '{name}' expects {e}, got '{raw}'", vstart) from None
+                raise self.error(words.bad_value(name, key, str(e), raw), vstart) from None
             prev = (key, raw)
             self.skip_ws()
             if self.peek() == "}":
                 self.pos += 1
                 return opts
             if self.peek() != ",":
-                raise self.error(f"expected ',' or '}}' after the value of '{key}', found {self.found()}")
+                raise self.error(words.unclosed(name, key, self.found()))
             self.pos += 1
 
     def _quote_hint(self, prev: Tuple[str, str], kstart: int) -> str:
@@ -255,7 +309,30 @@ def parse_pipeline(text: str, target: Optional[str] = None,
         PipelineSyntaxError: (a UserError) bad syntax, unknown pass/alias, alias with no passes yet,
             unknown option (with the known ones), or a value of the wrong type; names the column.
     """
-    return _Parser(text, target, emitter).parse()
+    return _Parser(text, _pass_option_types(target, emitter)).parse()
+
+
+def parse_item(text: str, option_types: Callable[[str], Dict[str, Any]], words: OptionWords,
+               label: str) -> PassSpec:
+    """Parse one ``name{key=value,...}`` item with the pipeline-text grammar and value types (the
+    ``--emit`` text of the emitter registry).
+
+    Args:
+        text: the item text.
+        option_types: ``name -> {option: type}``; raises UserError for an unknown name.
+        words: the wording of option errors; ``words.trailing(name)`` for text after the item.
+        label: the prefix of error messages, e.g. ``--emit 'tvm{...}'``.
+
+    Raises:
+        PipelineSyntaxError: (a UserError) bad syntax, unknown name or option, a value of the
+            wrong type, or text after the item.
+    """
+    parser = _Parser(text, option_types, words, label)
+    spec = parser.item()
+    parser.skip_ws()
+    if parser.peek():
+        raise parser.error(words.trailing(spec.name))
+    return spec
 
 
 def expand_specs(specs: Sequence[PassSpec], target: Optional[str] = None,
@@ -283,24 +360,37 @@ def instantiate(spec: PassSpec) -> Pass:
     if cls.Options is None:
         return cls()
     try:
-        return cls(cls.Options(**spec.options))
+        p = cls(cls.Options(**spec.options))
     except TypeError as e:
         raise UserError(f"pass '{spec.name}': {e}; give it as {spec.name}{{key=value}}") from None
+    p.given_options = frozenset(spec.options)
+    return p
 
 
-def build_pipeline(text: str, target: Optional[str] = None,
-                   emitter: Optional[str] = None) -> List[Pass]:
-    """Parse ``text``, expand aliases for ``target`` and ``emitter`` and create the passes, in order.
+def build_pipeline(text: str, target: Optional[str] = None, emitter: Optional[str] = None,
+                   context: Optional[CompileContext] = None) -> List[Pass]:
+    """Parse ``text``, expand aliases for ``target`` and ``emitter``, create the passes, in order,
+    and let each take what it needs from the compile context (:meth:`Pass.configure`; options
+    the text gives win).
 
-    A pass whose ``Options`` declare a ``target`` field (``mixed-precision``) gets ``target`` there
-    unless the text sets it, so target-dependent passes see the CLI's ``--target``.
+    Args:
+        text: the pipeline text.
+        target: the target profile name (aliases differ per target).
+        emitter: the emitter name (aliases differ per emitter).
+        context: the compile context; default: one for ``target`` and ``emitter``
+            (:meth:`CompileContext.for_target`).
+
+    Raises:
+        PipelineSyntaxError / UserError: as :func:`parse_pipeline` and :func:`instantiate`; an
+            unknown ``target``.
     """
     specs = expand_specs(parse_pipeline(text, target, emitter), target, emitter)
-    if target is not None:
-        for s in specs:
-            if "target" in _field_types(get_pass(s.name)) and "target" not in s.options:
-                s.options = dict(s.options, target=target)
-    return [instantiate(s) for s in specs]
+    if context is None:
+        context = CompileContext.for_target(target, emitter)
+    passes = [instantiate(s) for s in specs]
+    for p in passes:
+        p.configure(context)
+    return passes
 
 
 def format_pass(p: Pass) -> str:
@@ -328,3 +418,35 @@ def format_pass(p: Pass) -> str:
 def format_pipeline(passes: Sequence[Pass]) -> str:
     """Pipeline text that :func:`build_pipeline` turns back into equal passes."""
     return ",".join(format_pass(p) for p in passes)
+
+
+def split_outside_quotes(body: str, sep: str = ",") -> List[str]:
+    """Split ``body`` on ``sep`` where it is not inside single or double quotes (the rule pipeline
+    text uses for option values such as ``lower-tvm{dims="a=1,b=2"}``). Quotes are kept in the
+    parts; a quote opens at a ``'`` or ``"`` and closes at the next same character.
+
+    Args:
+        body: the text between the braces, e.g. ``kernels=tvm,key="a,b"``.
+        sep: the one-character separator.
+
+    Returns:
+        The parts, unstripped (``'a,"b,c"'`` -> ``['a', '"b,c"']``; ``''`` -> ``['']``).
+
+    Raises:
+        ValueError: a quote is not closed; the message names the quote and where it opens.
+    """
+    parts: List[str] = []
+    start, quote, opened = 0, "", 0
+    for i, ch in enumerate(body):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote, opened = ch, i
+        elif ch == sep:
+            parts.append(body[start:i])
+            start = i + 1
+    if quote:
+        raise ValueError(f"unterminated {quote}-quoted value at {body[opened:]!r}; close it with {quote}")
+    parts.append(body[start:])
+    return parts

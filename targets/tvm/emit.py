@@ -14,6 +14,7 @@ import numpy as np
 
 from passctl.ir import Model
 from passctl.ir.errors import UserError
+from passctl.targets.registry import register_emitter
 from passctl.targets.base import EmitError, Emitter, value_specs
 from passctl.support.profiles import TargetProfile
 from passctl.targets.tvm.runtime import (LIBRARY_FILE, MANIFEST_FILE, MANIFEST_SCHEMA,
@@ -74,6 +75,7 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
+@register_emitter
 class TvmEmitter(Emitter):
     """The ``tvm`` emitter: the IR through TVM's Relax to a compiled shared library.
 
