@@ -11,8 +11,9 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 from passctl.ir import Model
 from passctl.ir.errors import UserError
 from passctl.passes._snapshot import clone_model
-from passctl.passes.base import Pass, PassResult
+from passctl.passes.base import OutputForm, PassResult
 from passctl.passes.precision.amp import parse_dims
+from passctl.passes.precision.calibrating import CalibratingPass
 from passctl.passes.precision.sensitivity import (calibration_inputs, check_search_options,
                                                   output_error, random_feeds_note, run_model,
                                                   search_fp32_set)
@@ -35,7 +36,7 @@ MEASURED = "measured sensitivity"
 
 
 @register_pass
-class QuantizeInt8(Pass):
+class QuantizeInt8(CalibratingPass):
     """Quantize Conv, MatMul (constant B) and Gemm to int8 in QDQ form, keeping float32 where the
     accuracy budget needs it.
 
@@ -85,6 +86,7 @@ class QuantizeInt8(Pass):
 
     name = "quantize-int8"
     summary = "Static int8 post-training quantization (QDQ, symmetric) under an accuracy budget"
+    budget_label = "quantize"
 
     @dataclass
     class Options:
@@ -110,7 +112,7 @@ class QuantizeInt8(Pass):
                 (uint8 on the cpu target, int8 on GPU targets).
             outputs: also quantize each quantized layer's output (ONNX Runtime's QDQ node units
                 ``DQ -> Conv -> Q``); None: on the cpu target only.
-            target: target profile name (the pipeline's ``--target`` when built by the CLI).
+            target: target profile name (default: the compile context's, the CLI's ``--target``).
         """
 
         calibration: Literal["minmax", "percentile"] = "minmax"
@@ -143,6 +145,16 @@ class QuantizeInt8(Pass):
                                 f"calibration=percentile (calibration={self.calibration}); add "
                                 "calibration=percentile or drop percentile=")
             check_search_options("quantize-int8", self.budget, self.samples, self.metric, "2e-2")
+
+    def output_forms(self) -> List[OutputForm]:
+        """ONNX Runtime's uint8 form (zero point 128) when ``activations=uint8``, or ``auto`` on
+        the cpu target; emitters that need zero points of 0 (TensorRT) refuse it."""
+        o = self.options
+        if o.activations == "uint8" or (o.activations == "auto" and o.target == "cpu"):
+            why = "activations=uint8" if o.activations == "uint8" else "target=cpu"
+            return [OutputForm("uint8-qdq", why, "uint8 activations with zero point 128",
+                               f"drop {why} (GPU targets get int8 with zero point 0)")]
+        return []
 
     def _exclude(self, model: Model) -> List[str]:
         """The ``exclude`` entries; each must name a quantizable node (its name or a source node
