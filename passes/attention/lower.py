@@ -6,10 +6,10 @@ from typing import Optional
 
 import numpy as np
 
-from passctl.ir import Node, Value
 from passctl.dialect.attention import OP_TYPE
-from passctl.passes.attention.layout import head_split_roles, dims
 from passctl.dialect.canonical import MS_DOMAIN
+from passctl.ir import Node, Value
+from passctl.passes.attention.layout import head_split_roles, dims
 from passctl.passes.lowering.table import LowerContext, register_lowering
 from passctl.passes.rewrite import constant_value
 

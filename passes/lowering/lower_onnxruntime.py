@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+from passctl.dialect.canonical import MS_DOMAIN, ensure_opset, optional_input
 from passctl.ir import Model, Node, Value
 from passctl.passes.base import PassResult
 from passctl.passes.lowering import lower_standard as std
-from passctl.dialect.canonical import MS_DOMAIN, ensure_opset, optional_input
 from passctl.passes.lowering.table import LowerContext, Lowering, register_lowering, typed_like
 from passctl.passes.registry import register_pass
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Optional, Tuple
 
-from passctl.ir import Node, Value
 from passctl.dialect.canonical import optional_input
+from passctl.ir import Node, Value
 from passctl.passes.lowering.table import LowerContext, Lowering, register_lowering, typed_like
 from passctl.passes.registry import register_pass
 

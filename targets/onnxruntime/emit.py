@@ -9,9 +9,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from passctl.ir import Model
 from passctl.support.profiles import TargetProfile
-from passctl.targets.registry import register_emitter
 from passctl.targets.base import Emitter
 from passctl.targets.onnx_file import EXTERNAL_DATA_THRESHOLD, MODEL_FILE, load_check, write_onnx
+from passctl.targets.registry import register_emitter
 
 logger = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ import numpy as np
 
 from passctl.ir import Model, Node
 from passctl.ir.errors import UserError
-from passctl.targets.registry import register_emitter
+from passctl.support.profiles import TargetProfile
 from passctl.targets.base import Emitter, dtype_name, value_specs
 from passctl.targets.onnx_file import (DATA_FILE, EXTERNAL_DATA_THRESHOLD, MODEL_FILE, load_check,
                                       write_onnx)
-from passctl.support.profiles import TargetProfile
+from passctl.targets.registry import register_emitter
 from passctl.targets.tensorrt.engine import ENGINE_FILE, build_engine, engine_unavailable
 from passctl.targets.tensorrt.shapes import (optimization_profile, parse_shape_ranges,
                                              trtexec_shapes)

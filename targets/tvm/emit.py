@@ -14,9 +14,9 @@ import numpy as np
 
 from passctl.ir import Model
 from passctl.ir.errors import UserError
-from passctl.targets.registry import register_emitter
-from passctl.targets.base import EmitError, Emitter, value_specs
 from passctl.support.profiles import TargetProfile
+from passctl.targets.base import EmitError, Emitter, value_specs
+from passctl.targets.registry import register_emitter
 from passctl.targets.tvm.runtime import (LIBRARY_FILE, MANIFEST_FILE, MANIFEST_SCHEMA,
                                          PARAMS_FILE, load_artifact)
 from passctl.targets.tvm.support import import_tvm, tvm_target
