@@ -59,6 +59,7 @@ class Pass:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     Options: ClassVar[Optional[type]] = None
+    given_options: FrozenSet[str] = frozenset()
 
     def __init__(self, options: Any = None, **kwargs: Any):
         if options is None and self.Options is not None:
