@@ -11,7 +11,7 @@ import typing
 from typing import Any, Dict, List, Optional, Type
 
 from passctl.ir.errors import UserError
-from passctl.passes.pipeline_text import OptionWords, parse_item
+from passctl.passes.option_text import OptionWords, parse_item
 from passctl.targets.base import Emitter
 
 ENTRY_POINT_GROUP = "passctl.emitters"

@@ -61,7 +61,7 @@ def test_emit_quoted_value_keeps_its_commas():
 
 
 def test_split_outside_quotes():
-    from passctl.passes.pipeline_text import split_outside_quotes
+    from passctl.passes.option_text import split_outside_quotes
 
     assert split_outside_quotes("""a=1,b="x,y",c='p,"q',d""") == ["a=1", 'b="x,y"', """c='p,"q'""", "d"]
     assert split_outside_quotes("a,,b") == ["a", "", "b"] and split_outside_quotes("") == [""]
