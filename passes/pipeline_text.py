@@ -116,8 +116,7 @@ def build_pipeline(text: str, target: Optional[str] = None, emitter: Optional[st
             (:meth:`CompileContext.for_target`).
 
     Raises:
-        PipelineSyntaxError / UserError: as :func:`parse_pipeline` and :func:`instantiate`; an
-            unknown ``target``.
+        PipelineSyntaxError / UserError: as :func:`parse_pipeline` and :func:`instantiate`.
     """
     specs = expand_specs(parse_pipeline(text, target, emitter), target, emitter)
     if context is None:

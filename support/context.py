@@ -12,7 +12,7 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional
 
-from passctl.support.profiles import TargetProfile, get_target
+from passctl.support.profiles import TargetProfile, get_target, list_targets
 
 __all__ = ["CheckBound", "CompileContext", "current_context"]
 
@@ -56,12 +56,11 @@ class CompileContext:
 
     @classmethod
     def for_target(cls, name: Optional[str], emitter: Optional[str] = None) -> "CompileContext":
-        """A context for the target profile called ``name`` (None: no target).
-
-        Raises:
-            UserError: no such target profile.
-        """
-        return cls(target=get_target(name) if name else None, emitter=emitter or "")
+        """A context for the target profile called ``name``; no target profile when ``name`` is
+        None or names none (pass groups are also looked up by emitter name, ``tvm``)."""
+        known = {p.name for p in list_targets()}
+        target = get_target(name) if name and name.strip().lower() in known else None
+        return cls(target=target, emitter=emitter or "")
 
     def __enter__(self) -> "CompileContext":
         self._tokens = getattr(self, "_tokens", []) + [_CURRENT.set(self)]
