@@ -83,12 +83,12 @@ def _prepare(variant: str, src: str, folder: Path, heads: int, hidden: int) -> D
 
 
 def _session(path: str, optimize: bool = True):
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
     return cpu_session(path, optimize, THREADS, sequential=True)
 
 
 def bench(model_id: str, seqs: List[int], runs: int, warmup: int) -> List[Dict]:
-    from passctl.tools.check import compare, make_inputs
+    from passctl.support.check import compare, make_inputs
     source_id, heads, hidden = MODELS[model_id]
     src = _model_path(source_id)
     rows = []

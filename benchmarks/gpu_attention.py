@@ -110,7 +110,7 @@ def tvm_artifact(onnx_path: str, pipeline: str, folder: str, emitter=None):
     ``emitter`` options; returns the loaded artifact and the fuse-attention statistics."""
     from passctl.ir import load
     from passctl.passes import PassManager, build_pipeline
-    from passctl.targets.profiles import get_target
+    from passctl.support.profiles import get_target
     from passctl.targets.tvm import TvmEmitter, load_artifact
     model = load(onnx_path)
     result = PassManager(build_pipeline(pipeline, "h200", "tvm")).run(model)

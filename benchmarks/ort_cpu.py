@@ -16,7 +16,7 @@ prepares four graphs and times five ONNX Runtime CPU sessions (``intra_op_num_th
 Timing: all sessions of a model are created first, warmed up, then run in interleaved rounds (each
 round runs every session once, starting at a rotating one), so load from other processes on the
 machine hits every variant alike; the table shows the median of ``--runs`` runs in milliseconds.
-Every variant's outputs are compared with the ``disabled`` run (``passctl.tools.check.compare``,
+Every variant's outputs are compared with the ``disabled`` run (``passctl.support.check.compare``,
 ``max_rel``).
 
 Headroom: the share of ``ort-all``'s operator time (ONNX Runtime's profiler,
@@ -140,7 +140,7 @@ def _one_line(error: BaseException) -> str:
 
 
 def _session(path: str, optimize: bool, profile_prefix: Optional[str] = None):
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
     return cpu_session(path, optimize, THREADS, sequential=True, profile_prefix=profile_prefix)
 
 
@@ -175,8 +175,8 @@ def headroom(by_op: Dict[str, float]) -> float:
 
 def bench_model(model_id: str, args) -> dict:
     """Prepare, check and time every variant of one model; returns the row."""
-    from passctl.tools.check import compare
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.check import compare
+    from passctl.support.inputs import make_inputs
 
     label, getter, optimizer_kwargs = MODELS[model_id]
     src, dims, overrides = getter()

@@ -79,7 +79,7 @@ def cases(seed: int = 0) -> Dict[str, Tuple[bytes, bytes, List[Tuple[str, List[i
 
 def measure(runs: int, threads: int = 2) -> List[str]:
     """Markdown table rows: case, level, unfused and fused medians (us), their ratio, max |difference|."""
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
 
     rng = np.random.default_rng(1)
     rows = ["| case | ORT level | unfused us | fused us | fused/unfused | max abs diff |",

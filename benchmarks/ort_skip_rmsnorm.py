@@ -14,7 +14,7 @@ Timing sessions: ``ORT_ENABLE_ALL``, ``intra_op_num_threads=2``, one inter-op th
 interleaved sessions biases their medians), batch 1. Both sessions are warmed up, then run in interleaved
 rounds (alternating which goes first), so load from other processes hits both alike; the median and
 20th percentile of ``--runs`` runs are printed in milliseconds, with ``after``'s max relative error
-against ``before`` (``passctl.tools.check.compare``).
+against ``before`` (``passctl.support.check.compare``).
 
 ``--profile`` (the ceiling): ONNX Runtime's profiler (``SessionOptions.enable_profiling``) on each
 graph; the share of the run time (``model_run`` events after warm-up) spent in the residual Add
@@ -69,7 +69,7 @@ def ceiling(path: str, feeds: dict, warmup: int, runs: int, prefix: str) -> dict
     """Share of ``model_run`` time in residual Adds + SimplifiedLayerNormalization (profiler)."""
     import onnx
 
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
 
     graph = onnx.load(path, load_external_data=False).graph
     consumers = defaultdict(list)
@@ -137,7 +137,7 @@ def kernel_us(seq: int, runs: int, prefix: str) -> Dict[str, float]:
     the residual Add + RMSNorm in :func:`_chain`'s two forms; one session at a time."""
     import numpy as np
 
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
 
     rng = np.random.default_rng(1)
     feeds = {n: rng.standard_normal((1, seq, 576)).astype(np.float32) for n in ("a", "h")}
@@ -201,8 +201,8 @@ def main(argv=None) -> int:
 
     import tempfile
 
-    from passctl.tools.check import compare, cpu_session
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.check import compare, cpu_session
+    from passctl.support.inputs import make_inputs
     from zoo import ZOO
 
     if args.kernels:

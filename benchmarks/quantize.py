@@ -13,7 +13,7 @@ each model:
   ``per_channel=True``, int8 weights and activations, ``ActivationSymmetric`` and
   ``WeightSymmetric``, MinMax calibration) on the same calibration feeds, ``ORT_ENABLE_ALL``.
 
-Sessions: ``passctl.tools.check.cpu_session`` with 2 intra-op threads, sequential (as
+Sessions: ``passctl.support.check.cpu_session`` with 2 intra-op threads, sequential (as
 ``benchmarks/ort_cpu.py``); warm-up, then interleaved rounds; the median of ``--runs``. Output
 error:
 max-rel and mean-rel of each variant as it ships (``ORT_ENABLE_ALL``, the fused int8 kernels)
@@ -27,7 +27,7 @@ Feeds: PP-OCRv4 det: synthetic text images (``tests/passes/quantize/ocr_images.p
 ResNet-50 (``tests/zoo.py``, timm, random weights): seeded ``make_inputs`` in [-1, 1); MiniLM
 (all-MiniLM-L6-v2, real weights, ``minilm_legacy``): seeded random token ids at batch 1, sequence
 128 (passctl's pipelines get ``dims=batch=1;sequence=128`` through ``--pipelines``). The first line
-printed names the CPU's instruction set (``passctl.targets.cpu_isa``): the int8 form and speed
+printed names the CPU's instruction set (``passctl.support.cpu_isa``): the int8 form and speed
 depend on it.
 """
 
@@ -53,7 +53,7 @@ MINILM_DIMS = {"batch": 1, "sequence": 128}
 
 def _model(model_id: str, count: int, seed: int):
     """(path, feeds) of a model."""
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.inputs import make_inputs
 
     if model_id == "ppocr_det":
         from corpus import CORPUS
@@ -98,9 +98,9 @@ def _ort_static(src: str, feeds: List[dict], out: Path) -> None:
 
 
 def _errors(reference: List[list], candidate: List[list]) -> Dict[str, float]:
-    """The worst ``max_rel`` and ``mean_rel`` (:func:`passctl.tools.check.compare`) over every output
+    """The worst ``max_rel`` and ``mean_rel`` (:func:`passctl.support.check.compare`) over every output
     of every sample; ``reference`` and ``candidate`` are per-sample output lists."""
-    from passctl.tools.check import compare
+    from passctl.support.check import compare
 
     worst = {"max_rel": 0.0, "mean_rel": 0.0}
     for ref, cand in zip(reference, candidate):
@@ -113,7 +113,7 @@ def _errors(reference: List[list], candidate: List[list]) -> Dict[str, float]:
 def bench(model_id: str, args) -> List[str]:
     from ort_cpu import GEMM_LIKE, op_time_shares
     from ocr_images import write_feeds
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
 
     src, feeds = _model(model_id, args.samples, 0)
     _, holdout = _model(model_id, args.holdout, 100)
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     ensure_passctl_importable()
     import onnxruntime
 
-    from passctl.targets.cpu_isa import host_isa
+    from passctl.support.cpu_isa import host_isa
 
     isa = host_isa()
     print(f"CPU: {isa.name} ({', '.join(isa.features) or 'no known features'}); int8 kernels: "

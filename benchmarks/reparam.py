@@ -11,7 +11,7 @@ batch 1, at two graph optimization levels: ``ort-all`` (``ORT_ENABLE_ALL``: ONNX
 Conv + BN itself, so there ``before`` is already BN-free and the gain is the branch merge alone) and
 ``ort-off`` (``ORT_DISABLE_ALL``: the graphs as written). Both sessions are warmed up, then run in alternating
 order for ``--runs`` rounds; the table shows the median in milliseconds and ``before / after``.
-Outputs of ``after`` are compared with ``before`` (``passctl.tools.check.compare``, ``max_rel``).
+Outputs of ``after`` are compared with ``before`` (``passctl.support.check.compare``, ``max_rel``).
 
 TVM GPU: with the TVM emitter (``passctl.targets``), apache-tvm and ``nvcc`` present, ``--tvm-dir DIR``
 writes both graphs as CUDA artifacts for ``--tvm-target`` (default ``h200``); where a CUDA device is
@@ -67,7 +67,7 @@ def conv_macs(path: str) -> int:
 
 
 def _session(path: str, threads: int, level: str):
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
     return cpu_session(path, optimize=LEVELS[level] == "ORT_ENABLE_ALL", threads=threads,
                        sequential=True)
 
@@ -260,7 +260,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     sys.path.insert(0, str(REPO / "benchmarks"))  # also run by path from tests/benchmarks
     import numpy as np
 
-    from passctl.tools.check import compare, run_onnxruntime
+    from passctl.support.check import compare, run_onnxruntime
     from reparam_export import timm_export
 
     from passctl_path import scratch_dir

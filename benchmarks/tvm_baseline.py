@@ -14,10 +14,10 @@ import numpy as np
 
 
 def max_rel(out, ref) -> float:
-    """``max |out - ref| / max |ref|`` in float64 (:class:`passctl.tools.check.OutputDiff`'s
+    """``max |out - ref| / max |ref|`` in float64 (:class:`passctl.support.check.OutputDiff`'s
     ``max_rel``), the error column of the TVM benchmark tables; nan when the NaN / inf positions
     differ."""
-    from passctl.tools.check import compare
+    from passctl.support.check import compare
 
     diff = compare({"y": ref}, {"y": out}).outputs["y"]
     return math.nan if diff.nonfinite_mismatch else diff.max_rel  # NaN outputs show as nan

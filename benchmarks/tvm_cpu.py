@@ -73,7 +73,7 @@ def time_ms(call: Callable[[], object], runs: int, warmup: int = 2) -> List[floa
 
 
 def run_onnxruntime(path: str, feeds) -> Tuple[Callable, np.ndarray, float]:
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
 
     start = time.perf_counter()
     sess = cpu_session(path, optimize=True, threads=os.cpu_count() or 1)
@@ -108,7 +108,7 @@ def run_passctl_tvm(path: str, dims: Dict[str, int], feeds) -> Tuple[Callable, n
 
 def bench(model_ids: List[str], runs: int) -> List[tuple]:
     """Rows ``(model, variant, median ms, ratio to ORT, max rel err vs ORT, build s, note)``."""
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.inputs import make_inputs
 
     rows = []
     for model_id in model_ids:

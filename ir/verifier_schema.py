@@ -26,7 +26,7 @@ def check_node_against_schema(checker, node: Node, schema: onnx.defs.OpSchema,
         schema: ``onnx.defs.get_schema(op_type, opset, domain)``.
         in_function: the node is in a function body (attributes may refer to the caller's).
     """
-    from passctl.ir.verifier import ARITY, ATTRIBUTE
+    from passctl.ir.diagnostics import ARITY, ATTRIBUTE
 
     op = f"{schema.name} (opset {schema.since_version})"
     n_in, n_out = len(node.inputs), len(node.outputs)
@@ -57,7 +57,7 @@ def check_node_against_schema(checker, node: Node, schema: onnx.defs.OpSchema,
 
 
 def _check_types(checker, node: Node, schema: onnx.defs.OpSchema, op: str) -> None:
-    from passctl.ir.verifier import TYPE, type_string
+    from passctl.ir.diagnostics import TYPE, type_string
 
     formals = list(schema.inputs)
     if not formals:

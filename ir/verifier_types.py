@@ -35,7 +35,7 @@ def output_type_diagnostics(model: Model) -> List:
     Returns:
         A list of :class:`passctl.ir.verifier.Diagnostic` (severity ``"warning"``).
     """
-    from passctl.ir.verifier import OUTPUT_TYPE, Diagnostic
+    from passctl.ir.diagnostics import OUTPUT_TYPE, Diagnostic
 
     declared = [(v, v.type) for v in model.graph.outputs]
     if not any(isinstance(t, TensorType) for _, t in declared):

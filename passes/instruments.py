@@ -319,17 +319,17 @@ def _plugin_file(cls: type) -> Optional[Path]:
 
 class CheckEach:
     """After every pass, runs the current model in ONNX Runtime against the original on the same
-    seeded inputs (:mod:`passctl.tools.check`) and writes the worst error.
+    seeded inputs (:mod:`passctl.support.check`) and writes the worst error.
 
     Args:
         original: the original model (path or ``onnx.ModelProto``), the reference.
         inputs: ``{name: array}``; ``None`` uses ``make_inputs(original, seed)``.
-        seed: seed for :func:`passctl.tools.check.make_inputs`.
+        seed: seed for :func:`passctl.support.check.make_inputs`.
         write: receives one line per pass: ``check after NNN <pass>: max_abs A, max_rel R (ok|FAILED)``.
         rtol: bound on the max-rel error for the ok/FAILED mark (without ``bounds``).
-        atol: absolute error always accepted (see ``passctl.tools.check.OutputDiff.ok``).
+        atol: absolute error always accepted (see ``passctl.support.check.OutputDiff.ok``).
         bounds: ``[(metric, rtol), ...]`` every one of which must hold, each ``metric`` one of
-            ``passctl.tools.check.METRICS`` (the CLI's bounds: ``--rtol``, or the pipeline's amp /
+            ``passctl.support.check.METRICS`` (the CLI's bounds: ``--rtol``, or the pipeline's amp /
             quantize budgets under their metrics); replaces ``rtol`` when given.
 
     Attributes:
@@ -339,7 +339,7 @@ class CheckEach:
     def __init__(self, original, inputs: Optional[Dict[str, Any]] = None, seed: int = 0,
                  write: Optional[Write] = None, rtol: Optional[float] = None, atol: float = 0.0,
                  bounds: Optional[List[Any]] = None):
-        from passctl.tools.check import DEFAULT_RTOL, make_inputs, run_onnxruntime
+        from passctl.support.check import DEFAULT_RTOL, make_inputs, run_onnxruntime
 
         self.original = original
         self.inputs = dict(inputs) if inputs is not None else make_inputs(original, seed=seed)
@@ -351,12 +351,12 @@ class CheckEach:
         self.results: List[Any] = []
 
     def ok(self, result) -> bool:
-        """Whether ``result`` (a :class:`passctl.tools.check.CheckResult`) meets every bound."""
+        """Whether ``result`` (a :class:`passctl.support.check.CheckResult`) meets every bound."""
         return all(result.ok(rtol, self.atol, metric) for metric, rtol in self.bounds)
 
     def after_pass(self, pass_: Pass, model: Model, record) -> None:
         from passctl.ir.onnx_export import to_onnx
-        from passctl.tools.check import compare, run_onnxruntime
+        from passctl.support.check import compare, run_onnxruntime
 
         try:
             outputs = run_onnxruntime(to_onnx(model), self.inputs)

@@ -1,49 +1,24 @@
-"""Pipeline text (``fold-constants,fuse-conv-bn,amp{dtype=fp16,budget=1e-3}``): parse, type, format."""
+"""Pipeline text (``fold-constants,fuse-conv-bn,amp{dtype=fp16,budget=1e-3}``): parse, type, format.
+
+The grammar and the typed values are :mod:`passctl.passes.option_text`, shared with ``--emit``."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
-import re
 import typing
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type
 
 from passctl.ir.errors import UserError
 from passctl.passes.base import Pass
+from passctl.passes.option_text import (OptionWords, PassSpec, PipelineSyntaxError, _Parser,
+                                        parse_item, split_outside_quotes)
 from passctl.passes.registry import expand_alias, get_pass, is_alias
+from passctl.support.context import CompileContext
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-class PipelineSyntaxError(UserError):
-    """Pipeline text that does not parse or whose option values do not fit the pass's options.
-
-    ``column`` is 1-based; ``str()`` is one line naming the column and what was expected.
-    """
-
-    def __init__(self, text: str, column: int, message: str):
-        self.text, self.column, self.message = text, column, message
-        super().__init__(f"pipeline '{text}', column {column}: {message}")
-
-
-@dataclass
-class PassSpec:
-    """One pipeline element: a pass (or alias) name and its typed options.
-
-    Attributes:
-        name: the pass or alias name as written.
-        options: option name (the Options field name) -> typed value.
-        column: 1-based column of the name in the pipeline text (0 when built in code).
-    """
-
-    name: str
-    options: Dict[str, Any] = field(default_factory=dict)
-    column: int = 0
+__all__ = ["OptionWords", "PassSpec", "PipelineSyntaxError", "build_pipeline", "expand_specs",
+           "format_pass", "format_pipeline", "instantiate", "parse_item", "parse_pipeline",
+           "split_outside_quotes"]
 
 
 def _option_classes(name: str, target: Optional[str],
@@ -60,178 +35,15 @@ def _field_types(cls: Type[Pass]) -> Dict[str, Any]:
     return {f.name: hints.get(f.name, str) for f in dataclasses.fields(cls.Options)}
 
 
-def _convert(raw: str, tp: Any) -> Any:
-    """Convert option text ``raw`` to type ``tp``; raise ValueError saying what was expected."""
-    origin = typing.get_origin(tp)
-    if origin is typing.Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if raw.lower() in ("none", "null") and len(args) < len(typing.get_args(tp)):
-            return None
-        errors = []
-        for a in args:
-            try:
-                return _convert(raw, a)
-            except ValueError as e:
-                errors.append(str(e))
-        raise ValueError(" or ".join(errors))
-    if origin is typing.Literal:
-        choices = typing.get_args(tp)
-        for c in choices:
-            if str(c) == raw:
-                return c
-        raise ValueError("one of " + ", ".join(str(c) for c in choices))
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        for m in tp:
-            if raw.lower() in (m.name.lower(), str(m.value).lower()):
-                return m
-        raise ValueError("one of " + ", ".join(str(m.value) for m in tp))
-    if tp is bool:
-        if raw.lower() in _TRUE:
-            return True
-        if raw.lower() in _FALSE:
-            return False
-        raise ValueError("true or false")
-    if tp is int:
-        try:
-            return int(raw, 0) if raw.lower().startswith(("0x", "0b", "0o")) else int(raw)
-        except ValueError:
-            raise ValueError("an integer") from None
-    if tp is float:
-        try:
-            return float(raw)
-        except ValueError:
-            raise ValueError("a number such as 1e-3") from None
-    if tp in (str, Any):
-        return raw
-    raise ValueError(f"a value of a type pipeline text cannot express ({tp})")
-
-
-class _Parser:
-    def __init__(self, text: str, target: Optional[str], emitter: Optional[str] = None):
-        self.text, self.pos, self.target, self.emitter = text, 0, target, emitter
-
-    def error(self, message: str, pos: Optional[int] = None) -> PipelineSyntaxError:
-        return PipelineSyntaxError(self.text, (self.pos if pos is None else pos) + 1, message)
-
-    def skip_ws(self) -> None:
-        while self.pos < len(self.text) and self.text[self.pos].isspace():
-            self.pos += 1
-
-    def peek(self) -> str:
-        return self.text[self.pos] if self.pos < len(self.text) else ""
-
-    def found(self) -> str:
-        return f"'{self.peek()}'" if self.peek() else "the end of the text"
-
-    def parse(self) -> List[PassSpec]:
-        specs = []
-        self.skip_ws()
-        if not self.peek():
-            return specs
-        while True:
-            specs.append(self.item())
-            self.skip_ws()
-            if not self.peek():
-                return specs
-            if self.peek() != ",":
-                raise self.error(f"expected ',' or '{{' after pass '{specs[-1].name}', found {self.found()}")
-            self.pos += 1
-
-    def item(self) -> PassSpec:
-        self.skip_ws()
-        start = self.pos
-        m = _NAME.match(self.text, self.pos)
-        if not m:
-            raise self.error(f"expected a pass name, found {self.found()}")
-        name = m.group(0)
-        self.pos = m.end()
-        try:
-            classes = _option_classes(name, self.target, self.emitter)
-        except UserError as e:
-            raise PipelineSyntaxError(self.text, start + 1, str(e)) from None
-        spec = PassSpec(name, {}, start + 1)
-        self.skip_ws()
-        if self.peek() == "{":
-            self.pos += 1
-            spec.options = self.options(name, classes)
-        return spec
-
-    def options(self, name: str, classes: List[Type[Pass]]) -> Dict[str, Any]:
-        types: Dict[str, Any] = {}
-        for c in classes:
+def _pass_option_types(target: Optional[str], emitter: Optional[str]) -> Callable[[str], Dict[str, Any]]:
+    """The option types of a pass or alias name (an alias takes the options of all its passes)."""
+    def types(name: str) -> Dict[str, Any]:
+        merged: Dict[str, Any] = {}
+        for c in _option_classes(name, target, emitter):
             for k, t in _field_types(c).items():
-                types.setdefault(k, t)
-        opts: Dict[str, Any] = {}
-        prev: Optional[Tuple[str, str]] = None  # the last option read and its raw value
-        self.skip_ws()
-        if self.peek() == "}":
-            self.pos += 1
-            return opts
-        while True:
-            self.skip_ws()
-            kstart = self.pos
-            m = _KEY.match(self.text, self.pos)
-            if not m:
-                raise self.error(f"expected an option name in '{name}{{...}}', found {self.found()}")
-            key = m.group(0).replace("-", "_")
-            self.pos = m.end()
-            if key not in types:
-                if not types:
-                    raise self.error(f"pass '{name}' takes no options", kstart)
-                close = difflib.get_close_matches(key, list(types), n=1)
-                hint = f"did you mean '{close[0]}'? " if close else ""
-                if not close and prev is not None:
-                    hint = self._quote_hint(prev, kstart)
-                raise self.error(f"pass '{name}' has no option '{key}'; {hint}"
-                                 f"known options: {', '.join(types)}", kstart)
-            if key in opts:
-                raise self.error(f"option '{key}' of '{name}' is given twice", kstart)
-            self.skip_ws()
-            if self.peek() != "=":
-                raise self.error(f"expected '=' after option '{key}', found {self.found()}")
-            self.pos += 1
-            self.skip_ws()
-            vstart = self.pos
-            raw = self.value()
-            try:
-                opts[key] = _convert(raw, types[key])
-            except ValueError as e:
-                raise self.error(f"option '{key}' of '{name}' expects {e}, got '{raw}'", vstart) from None
-            prev = (key, raw)
-            self.skip_ws()
-            if self.peek() == "}":
-                self.pos += 1
-                return opts
-            if self.peek() != ",":
-                raise self.error(f"expected ',' or '}}' after the value of '{key}', found {self.found()}")
-            self.pos += 1
-
-    def _quote_hint(self, prev: Tuple[str, str], kstart: int) -> str:
-        """A hint for ``dims=batch=1,seq=3``: the unknown option at ``kstart`` likely continues the
-        previous value (a value holding ',' must be quoted)."""
-        key, raw = prev
-        end = self.text.find("}", kstart)
-        rest = self.text[kstart:end if end >= 0 else len(self.text)].strip()
-        if "=" not in raw and "=" not in rest:
-            return ""
-        return (f"if '{rest}' is part of the value of '{key}', quote the value: "
-                f'{key}="{raw},{rest}"; ')
-
-    def value(self) -> str:
-        if self.peek() in ("'", '"'):
-            quote, start = self.peek(), self.pos
-            end = self.text.find(quote, self.pos + 1)
-            if end < 0:
-                raise self.error(f"unterminated {quote}-quoted value", start)
-            self.pos = end + 1
-            return self.text[start + 1:end]
-        start = self.pos
-        while self.peek() and self.peek() not in ",}{":
-            self.pos += 1
-        raw = self.text[start:self.pos].strip()
-        if not raw:
-            raise self.error(f"expected a value, found {self.found()}")
-        return raw
+                merged.setdefault(k, t)
+        return merged
+    return types
 
 
 def parse_pipeline(text: str, target: Optional[str] = None,
@@ -255,7 +67,7 @@ def parse_pipeline(text: str, target: Optional[str] = None,
         PipelineSyntaxError: (a UserError) bad syntax, unknown pass/alias, alias with no passes yet,
             unknown option (with the known ones), or a value of the wrong type; names the column.
     """
-    return _Parser(text, target, emitter).parse()
+    return _Parser(text, _pass_option_types(target, emitter)).parse()
 
 
 def expand_specs(specs: Sequence[PassSpec], target: Optional[str] = None,
@@ -283,24 +95,36 @@ def instantiate(spec: PassSpec) -> Pass:
     if cls.Options is None:
         return cls()
     try:
-        return cls(cls.Options(**spec.options))
+        p = cls(cls.Options(**spec.options))
     except TypeError as e:
         raise UserError(f"pass '{spec.name}': {e}; give it as {spec.name}{{key=value}}") from None
+    p.given_options = frozenset(spec.options)
+    return p
 
 
-def build_pipeline(text: str, target: Optional[str] = None,
-                   emitter: Optional[str] = None) -> List[Pass]:
-    """Parse ``text``, expand aliases for ``target`` and ``emitter`` and create the passes, in order.
+def build_pipeline(text: str, target: Optional[str] = None, emitter: Optional[str] = None,
+                   context: Optional[CompileContext] = None) -> List[Pass]:
+    """Parse ``text``, expand aliases for ``target`` and ``emitter``, create the passes, in order,
+    and let each take what it needs from the compile context (:meth:`Pass.configure`; options
+    the text gives win).
 
-    A pass whose ``Options`` declare a ``target`` field (``mixed-precision``) gets ``target`` there
-    unless the text sets it, so target-dependent passes see the CLI's ``--target``.
+    Args:
+        text: the pipeline text.
+        target: the target profile name (aliases differ per target).
+        emitter: the emitter name (aliases differ per emitter).
+        context: the compile context; default: one for ``target`` and ``emitter``
+            (:meth:`CompileContext.for_target`).
+
+    Raises:
+        PipelineSyntaxError / UserError: as :func:`parse_pipeline` and :func:`instantiate`.
     """
     specs = expand_specs(parse_pipeline(text, target, emitter), target, emitter)
-    if target is not None:
-        for s in specs:
-            if "target" in _field_types(get_pass(s.name)) and "target" not in s.options:
-                s.options = dict(s.options, target=target)
-    return [instantiate(s) for s in specs]
+    if context is None:
+        context = CompileContext.for_target(target, emitter)
+    passes = [instantiate(s) for s in specs]
+    for p in passes:
+        p.configure(context)
+    return passes
 
 
 def format_pass(p: Pass) -> str:

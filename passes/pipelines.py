@@ -24,7 +24,7 @@ CLEANUP: List[str] = [
 ]
 
 # The target-independent part of `fuse`: every fusion family, emitting canonical passctl:: ops
-# (passes/fusion/canonical.py) or ONNX ops. Extend it here; each target list below appends its lowering.
+# (dialect/canonical.py) or ONNX ops. Extend it here; each target list below appends its lowering.
 FUSE_FAMILIES: List[str] = [
     # NOTE: infer-shapes first: the normalization checks need ranks and last dimensions (is the reduced
     # axis the last one? does a scale broadcast to [D]? do x and skip have one shape?), and models
@@ -140,7 +140,7 @@ FLASH_ATTN_TVM: List[str] = [
     "eliminate-identity",
     "fold-constants",
     # NOTE: no lowering: the TVM emitter translates passctl::Attention to Relax's nn.attention
-    # (passes/attention/tvm_relax.py), which TVM offloads to flash-style kernels on CUDA.
+    # (targets/tvm/relax_attention.py), which TVM offloads to flash-style kernels on CUDA.
     "fuse-attention",
     "dce",
 ]

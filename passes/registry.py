@@ -36,10 +36,10 @@ _builtin_modules: List[str] = [
     "passctl.passes.fusion.skip_rmsnorm",
     "passctl.passes.fusion.gelu",
     "passctl.passes.fusion.activations",
-    "passctl.passes.fusion.lower_onnxruntime",
-    "passctl.passes.fusion.lower_standard",
+    "passctl.passes.lowering.lower_onnxruntime",
+    "passctl.passes.lowering.lower_standard",
     # Static shapes and TVM frontend legalizations (issue 5, H12).
-    "passctl.passes.fusion.lower_tvm",
+    "passctl.passes.lowering.lower_tvm",
     # Structural re-parameterization (issue 7, H11).
     "passctl.passes.reparam.merge_branches",
     # Attention fusion and its lowerings (issue 6, H14).

@@ -1,18 +1,17 @@
-"""The emitter interface (IR model -> artifact folder), emitter registry, atomic output folders."""
+"""The emitter interface (IR model -> artifact folder) and atomic output folders."""
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import logging
 import os
 import shutil
 import tempfile
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, Optional
 
 from passctl.ir import Model
 from passctl.ir.errors import PassctlError, UserError
-from passctl.targets.profiles import TargetProfile
+from passctl.support.profiles import TargetProfile
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +31,10 @@ class Emitter:
     """
 
     name: str = ""
+    #: ``{output form: why this emitter cannot take it}`` for the forms passes declare
+    #: (:meth:`passctl.passes.base.Pass.output_forms`), e.g. ``{"uint8-qdq": "TensorRT requires
+    #: zero points of 0"}``.
+    refused_forms: ClassVar[Dict[str, str]] = {}
 
     def preflight(self, target: TargetProfile, check: bool = False) -> None:
         """Refuse, before any pass runs, a request this emitter cannot fulfil for ``target`` on
@@ -43,11 +46,18 @@ class Emitter:
 
     def check_passes(self, passes) -> None:
         """Refuse, before any pass runs, pass options whose output this emitter cannot take
-        (``passes``: the pipeline's passes, groups flattened).
+        (``passes``: the pipeline's passes, groups flattened): an output form a pass declares
+        (:meth:`passctl.passes.base.Pass.output_forms`) that :attr:`refused_forms` lists.
 
         Raises:
             UserError: one line naming the pass option and what to do.
         """
+        for p in passes:
+            for form in p.output_forms():
+                why = self.refused_forms.get(form.name)
+                if why is not None:
+                    raise UserError(f"--emit {self.name}: {p.name}{{{form.option}}} writes "
+                                    f"{form.text}, and {why}; {form.fix}")
 
     def input_sizes(self, model: Model) -> Dict[str, int]:
         """The sizes of ``model``'s unknown graph-input dims that the artifact will be built or
@@ -203,113 +213,3 @@ def _chmod_default(folder: str) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(folder, 0o777 & ~umask)
-
-
-def _registry() -> Dict[str, Emitter]:
-    from passctl.targets.onnxruntime.emit import OnnxRuntimeEmitter
-    from passctl.targets.tensorrt.emit import TensorRTEmitter
-    from passctl.targets.tvm.emit import TvmEmitter
-
-    return {
-        "onnxruntime": OnnxRuntimeEmitter(),
-        "tvm": TvmEmitter(),
-        "tensorrt": TensorRTEmitter(),
-    }
-
-
-def emitter_names() -> List[str]:
-    """Names accepted by ``--emit``."""
-    return list(_registry())
-
-
-def get_emitter(name: str) -> Emitter:
-    """The emitter called ``name``, optionally with constructor options in braces, as in pipeline
-    text: ``tvm{kernels=triton,fp32_precision=tf32x3,cuda_graph=false}`` (the options are the
-    emitter class's constructor arguments, converted to their annotated types).
-
-    Raises:
-        UserError: unknown name (closest names suggested), an unknown option (the known ones
-            listed), a value of the wrong type or an unterminated quote. A quoted value may hold commas
-            (``tvm{key="a,b"}``): options are split on commas outside quotes, as in pipeline text.
-    """
-    import inspect
-    import typing
-
-    from passctl.passes.pipeline_text import _convert
-
-    text = name.strip()
-    base, brace, rest = text.partition("{")
-    reg = _registry()
-    emitter = reg.get(base.strip().lower())
-    if emitter is None:
-        close = difflib.get_close_matches(base.lower(), list(reg), n=2, cutoff=0.4)
-        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-        raise UserError(f"unknown emitter '{base}': {hint}known emitters: {', '.join(reg)}")
-    if not brace:
-        return emitter
-    if not rest.endswith("}") or rest.count("{") or rest.count("}") != 1:
-        raise UserError(f"--emit '{text}': options go in one pair of braces at the end, e.g. "
-                        f"'{base}{{key=value,key=value}}'")
-    cls = type(emitter)
-    hints = typing.get_type_hints(cls.__init__)
-    known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    options: Dict[str, Any] = {}
-    try:
-        items = split_outside_quotes(rest[:-1])
-    except ValueError as e:
-        raise UserError(f"--emit '{text}': {e}") from None
-    for item in filter(None, (x.strip() for x in items)):
-        key, eq, raw = (x.strip() for x in item.partition("="))
-        if key not in known:
-            raise UserError(f"--emit '{text}': unknown {base} emitter option '{key}'; "
-                            f"known: {', '.join(known)} (as key=value)")
-        if not eq:
-            raise UserError(f"--emit '{text}': option '{key}' needs a value ({key}=VALUE)")
-        if key in options:
-            raise UserError(f"--emit '{text}': option '{key}' is given twice")
-        if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
-            raw = raw[1:-1]
-        hint = hints.get(key, str)
-        if raw.lower() == "auto" and type(None) in typing.get_args(hint):
-            options[key] = None  # an Optional option's None means "decide automatically"
-            continue
-        try:
-            options[key] = _convert(raw, hint)
-        except ValueError as e:
-            raise UserError(f"--emit '{text}': option {key}='{raw}' must be {e}") from None
-    try:
-        return cls(**options)
-    except UserError as e:
-        raise UserError(f"--emit '{text}': {e}") from None
-
-
-def split_outside_quotes(body: str, sep: str = ",") -> List[str]:
-    """Split ``body`` on ``sep`` where it is not inside single or double quotes (the rule pipeline
-    text uses for option values such as ``lower-tvm{dims="a=1,b=2"}``). Quotes are kept in the
-    parts; a quote opens at a ``'`` or ``"`` and closes at the next same character.
-
-    Args:
-        body: the text between the braces, e.g. ``kernels=tvm,key="a,b"``.
-        sep: the one-character separator.
-
-    Returns:
-        The parts, unstripped (``'a,"b,c"'`` -> ``['a', '"b,c"']``; ``''`` -> ``['']``).
-
-    Raises:
-        ValueError: a quote is not closed; the message names the quote and where it opens.
-    """
-    parts: List[str] = []
-    start, quote, opened = 0, "", 0
-    for i, ch in enumerate(body):
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "'\"":
-            quote, opened = ch, i
-        elif ch == sep:
-            parts.append(body[start:i])
-            start = i + 1
-    if quote:
-        raise ValueError(f"unterminated {quote}-quoted value at {body[opened:]!r}; close it with {quote}")
-    parts.append(body[start:])
-    return parts

@@ -121,7 +121,7 @@ class CorpusModel:
 
     def inputs(self, seed: int = 0) -> Dict[str, np.ndarray]:
         """``make_inputs(self.path, seed, self.dim_values, self.input_overrides)``."""
-        from passctl.tools.check import make_inputs
+        from passctl.support.check import make_inputs
 
         return make_inputs(self.path, seed=seed, dim_values=self.dim_values,
                            overrides=self.input_overrides)

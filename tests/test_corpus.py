@@ -10,7 +10,7 @@ import pytest
 
 from corpus import CORPUS, corpus_ids, corpus_path, package_file
 from passctl.ir.errors import UserError
-from passctl.tools.check import compare, make_inputs, run_onnxruntime
+from passctl.support.check import compare, make_inputs, run_onnxruntime
 
 
 def test_corpus_model_loads_and_runs(corpus_model):

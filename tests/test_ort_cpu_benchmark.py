@@ -66,7 +66,7 @@ def test_summary_ratios_and_headroom_taken(bench):
 
 def test_fused_kernel_cases_compute_what_they_replace():
     """Each fused graph of benchmarks/ort_fused_kernels.py equals its unfused graph (no ORT rewrites)."""
-    from passctl.tools.check import compare, run_onnxruntime
+    from passctl.support.check import compare, run_onnxruntime
 
     spec = importlib.util.spec_from_file_location("ort_fused_kernels", _PATH.parent / "ort_fused_kernels.py")
     kernels = importlib.util.module_from_spec(spec)

@@ -10,7 +10,7 @@ import pytest
 import zoo_export
 from corpus import corpus_path, package_file
 from passctl.ir.errors import UserError
-from passctl.tools.check import compare, run_onnxruntime
+from passctl.support.check import compare, run_onnxruntime
 from zoo import SMOLLM2_GGUF, ZOO, zoo_model, zoo_path
 
 RTOL = 1e-4  # fp32 torch vs ONNX Runtime on the same weights (compare()'s max_rel)

@@ -11,24 +11,14 @@ import traceback
 from typing import List, Optional, Sequence
 
 from passctl.ir.errors import UserError
+from passctl.support.errors import CheckFailed, InternalError, one_line
+from passctl.tools.terminal import discard_stdout, stdout_closed
 
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERNAL_ERROR = 0, 2, 3
 SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-rules", "list-targets",
                "run")
-
-
-class InternalError(Exception):
-    """An unexpected failure; ``reproducer`` is the folder that lets someone re-run it."""
-
-    def __init__(self, message: str, reproducer: Optional[str] = None):
-        super().__init__(message)
-        self.reproducer = reproducer
-
-
-class CheckFailed(InternalError):
-    """The numeric check found the compiled model too far from the original (exit 3)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -277,7 +267,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("passctl: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug outside any pass: say so, with the traceback
-        if isinstance(e, BrokenPipeError) and _stdout_closed(out):
+        if isinstance(e, BrokenPipeError) and stdout_closed(out):
             discard_stdout()  # the reader closed stdout early (`passctl list-passes | head -1`)
             return EXIT_OK
         traceback.print_exc()
@@ -286,47 +276,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_INTERNAL_ERROR
 
 
-def _stdout_closed(console) -> bool:
-    """Whether a BrokenPipeError means stdout's reader went away: rich's console saw it, or
-    :func:`_stdout_reader_gone`."""
-    return getattr(console, "stdout_closed", False) or _stdout_reader_gone()
-
-
-def _stdout_reader_gone() -> bool:
-    """True when stdout is a pipe whose reader has closed it (poll reports POLLERR on Linux), so a
-    BrokenPipeError from elsewhere (a compiler subprocess) is not mistaken for it."""
-    try:
-        import select
-
-        poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    except (AttributeError, OSError, ValueError):  # no poll, or stdout without a descriptor
-        return False
-
-
-def discard_stdout() -> None:
-    """Point stdout at /dev/null once its reader has gone (``passctl ... | head -1``), so later
-    writes and the interpreter's final flush do not fail again (Python docs, signal module,
-    "Note on SIGPIPE")."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
-        pass
-
-
-def one_line(e: BaseException) -> str:
-    """The first line of ``e``'s message (its type name when empty), for one-line errors."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def _dispatch(args, argv: List[str], console) -> int:
     from passctl.tools import commands
 
     if args.command == "compile":
-        from passctl.tools.compile import run_compile, write_crash_folder
+        from passctl.tools.compile import run_compile
+        from passctl.tools.reproducer import write_crash_folder
 
         check_compile_args(args)
         try:
@@ -334,7 +289,7 @@ def _dispatch(args, argv: List[str], console) -> int:
         except (UserError, InternalError):
             raise
         except Exception as e:  # a bug outside any pass (import, export...): keep a reproducer
-            if isinstance(e, BrokenPipeError) and _stdout_closed(console):
+            if isinstance(e, BrokenPipeError) and stdout_closed(console):
                 raise  # not a bug: the reader of stdout went away (main exits 0)
             folder = write_crash_folder(args.reproducer_dir, argv, e)
             raise InternalError(f"{type(e).__name__}: {e} (traceback in the reproducer)",
@@ -359,8 +314,6 @@ def _dispatch(args, argv: List[str], console) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m passctl.tools.cli` runs this file as __main__, a second copy of the module whose
-    # InternalError / CheckFailed are not the classes compile.py raises: use the imported module
-    from passctl.tools.cli import main as _main
-
-    sys.exit(_main())
+    # `python -m passctl.tools.cli`: the error classes live in passctl.support.errors, so this
+    # second copy of the module catches the very classes compile.py raises
+    sys.exit(main())

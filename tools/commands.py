@@ -181,7 +181,7 @@ def list_rules(plugin_files: Sequence[str], console) -> None:
 
 def list_targets(console) -> None:
     """Print the target profiles as a table."""
-    from passctl.targets.profiles import list_targets as profiles
+    from passctl.support.profiles import list_targets as profiles
 
     table = _table("target", "compute capability", "memory", "fast dtypes", "emitter", "description")
     for t in profiles():

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-import time
 from typing import Any, Dict, List
+
+from passctl.support.context import CheckBound
+from passctl.tools.reproducer import default_reproducer_dir
 
 
 def _stdout(text: str) -> None:
@@ -16,19 +17,13 @@ def _stdout(text: str) -> None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # the reader closed stdout (`| head`): keep compiling, drop the text
-        from passctl.tools.cli import discard_stdout
+        from passctl.tools.terminal import discard_stdout
 
         discard_stdout()
 
 
-def default_reproducer_dir() -> str:
-    """A fresh path under the system temp folder for crash reproducers (created only on a crash)."""
-    return os.path.join(tempfile.gettempdir(),
-                        f"passctl-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-
-
-def build_instruments(args, reference: str, header, dims: Dict[str, int],
-                      overrides: Dict[str, Any]) -> List[Any]:
+def build_instruments(args, bounds: List[CheckBound], reference: str, header,
+                      dims: Dict[str, int], overrides: Dict[str, Any]) -> List[Any]:
     """The instruments for parsed compile ``args``.
 
     Always a crash reproducer (under ``--reproducer-dir`` or :func:`default_reproducer_dir`); a
@@ -37,9 +32,10 @@ def build_instruments(args, reference: str, header, dims: Dict[str, int],
     every pass with ``--check-each`` (same seeded inputs as ``--check``). Text goes to stdout.
 
     Args:
-        args: the parsed ``compile`` arguments (``check_bounds`` set by ``compile``).
+        args: the parsed ``compile`` arguments.
+        bounds: the numeric check's bounds (the compile context's ``check_bounds``).
         reference: path of the original model as ONNX (for ``--check-each``).
-        header: ``reference``'s :func:`passctl.tools.inputs.load_header` (with ``--check-each``),
+        header: ``reference``'s :func:`passctl.support.inputs.load_header` (with ``--check-each``),
             so the inputs are planned without reading the file again.
         dims: ``--dim`` sizes of symbolic input dimensions.
         overrides: ``--inputs`` arrays by input name.
@@ -56,11 +52,11 @@ def build_instruments(args, reference: str, header, dims: Dict[str, int],
     if args.dump_ir:
         instruments.append(DumpIR(args.dump_ir))
     if args.check_each:
-        from passctl.tools.check import make_inputs
+        from passctl.support.check import make_inputs
 
         inputs = make_inputs(header, seed=args.seed, dim_values=dims, overrides=overrides)
         instruments.append(CheckEach(reference, inputs=inputs, write=_stdout, atol=args.atol,
-                                     bounds=[(m, r) for m, r, _ in args.check_bounds]))
+                                     bounds=[(b.metric, b.rtol) for b in bounds]))
     if args.timing:
         instruments.append(Timing(write=_stdout))
     return instruments

@@ -132,7 +132,7 @@ def explain_refusal(model_path: str, shown: str) -> Optional[str]:
     """
     import onnx
 
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
 
     try:
         cpu_session(model_path)

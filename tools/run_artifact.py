@@ -12,7 +12,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from passctl.ir.errors import UserError
-from passctl.tools.cli import one_line
+from passctl.support.errors import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def _load_header(folder: str):
     import onnx
     from google.protobuf.message import DecodeError
 
-    from passctl.tools.inputs import drop_initializer_data
+    from passctl.support.inputs import drop_initializer_data
 
     try:
         proto = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
@@ -142,7 +142,7 @@ class _Runner:
         self.header = _load_header(folder)
         try:
             if self.kind == "tensorrt":  # its model.onnx (the network TensorRT parses) on the CPU
-                from passctl.tools.check import cpu_session
+                from passctl.support.check import cpu_session
 
                 self.session = cpu_session(os.path.join(folder, "model.onnx"), optimize=True)
             else:
@@ -193,8 +193,8 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     Raises:
         UserError: not an artifact, unreadable ``inputs``, ``runs`` < 1, or inputs that do not fit.
     """
-    from passctl.tools.compile import load_input_file
-    from passctl.tools.inputs import check_dim_names, make_inputs
+    from passctl.support.input_files import load_input_file
+    from passctl.support.inputs import check_dim_names, make_inputs
 
     if runs < 1 or warmup < 0:
         raise UserError(f"--runs must be >= 1 and --warmup >= 0 (got {runs}, {warmup})")
@@ -234,11 +234,11 @@ def _warn_isa(folder: str, header) -> None:
     """Warn when an ONNX Runtime artifact with int8 layers was built for a CPU whose int8 kernels
     accumulate in int32 (VNNI, AMX, Arm: 8-bit weights) and this CPU's saturate (x86 without VNNI),
     or for another architecture: its error is then not the one measured when it was compiled
-    (:mod:`passctl.targets.cpu_isa`). Nothing for artifacts without int8 or without a recorded ISA.
+    (:mod:`passctl.support.cpu_isa`). Nothing for artifacts without int8 or without a recorded ISA.
     """
     import json
 
-    from passctl.targets.cpu_isa import CpuIsa, host_isa
+    from passctl.support.cpu_isa import CpuIsa, host_isa
     from passctl.targets.onnxruntime.emit import SESSION_FILE
 
     with open(os.path.join(folder, SESSION_FILE)) as f:
@@ -321,12 +321,12 @@ def _provider_note(folder: str, kind: str) -> str:
 
 def main(args, console) -> int:
     """The ``run`` subcommand: print one line per output and the median latency; return 0."""
-    from passctl.tools.compile import parse_dims
+    from passctl.support.dims import parse_dim_args
 
     if args.save_outputs:
         check_save_path(args.save_outputs)
     kind, outputs, times = run_artifact(args.artifact, args.inputs, args.runs, args.warmup,
-                                        args.seed, parse_dims(args.dim))
+                                        args.seed, parse_dim_args(args.dim))
     console.print(f"{args.artifact}: {kind} artifact{_provider_note(args.artifact, kind)}",
                   markup=False, highlight=False)
     for name, array in outputs.items():

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List
 
 from passctl.ir import Model, Node
-from passctl.passes.attention.canonical import OP_TYPE
+from passctl.dialect.attention import OP_TYPE
 from passctl.passes.attention.patterns import PATTERNS
 from passctl.passes.base import PassResult
-from passctl.passes.fusion.canonical import DOMAIN, VERSION, ensure_opset
+from passctl.dialect.canonical import DOMAIN, VERSION, ensure_opset
 from passctl.passes.registry import register_pass
 from passctl.passes.rewrite import MatchTracer, RuleSet
 from passctl.passes.rewrite.pattern import node_label

@@ -49,7 +49,7 @@ class Candidate:
 
 @dataclass
 class Plan:
-    """The canonical op the rewrite builds (see :mod:`passctl.passes.attention.canonical`)."""
+    """The canonical op the rewrite builds (see :mod:`passctl.dialect.attention`)."""
 
     q: Operand
     k: Operand

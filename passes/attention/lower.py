@@ -6,11 +6,11 @@ from typing import Optional
 
 import numpy as np
 
+from passctl.dialect.attention import OP_TYPE
+from passctl.dialect.canonical import MS_DOMAIN
 from passctl.ir import Node, Value
-from passctl.passes.attention.canonical import OP_TYPE
 from passctl.passes.attention.layout import head_split_roles, dims
-from passctl.passes.fusion.canonical import MS_DOMAIN
-from passctl.passes.fusion.lowering import LowerContext, register_lowering
+from passctl.passes.lowering.table import LowerContext, register_lowering
 from passctl.passes.rewrite import constant_value
 
 ATTENTION_OPSET = 23

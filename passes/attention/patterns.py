@@ -10,8 +10,8 @@ import numpy as np
 
 from passctl.ir import Value
 from passctl.passes.attention import guard
-from passctl.passes.attention.canonical import OP_TYPE
-from passctl.passes.fusion.canonical import DOMAIN
+from passctl.dialect.attention import OP_TYPE
+from passctl.dialect.canonical import DOMAIN
 from passctl.passes.rewrite import MatchResult, RewriteRule, register_rule
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from passctl.passes.fusion.canonical import DOMAIN
+from passctl.dialect.canonical import DOMAIN
 from passctl.passes.fusion.fusion_set import FusionRuleSet, make_variants
 from passctl.passes.registry import register_pass
 from passctl.passes.rewrite import (AttrVar, ConstantPattern, MatchResult, RewriteRule, RuleContext,

@@ -7,7 +7,7 @@ from typing import Callable, Dict, List, Sequence, Type
 
 from passctl.ir import Model
 from passctl.passes.base import PassResult
-from passctl.passes.fusion.canonical import DOMAIN, VERSION, ensure_opset
+from passctl.dialect.canonical import DOMAIN, VERSION, ensure_opset
 from passctl.passes.rewrite import RewriteRule, RuleSet, register_rule
 
 
@@ -16,7 +16,7 @@ class FusionRuleSet(RuleSet):
     total per family (``FAMILIES`` maps a rule name to a family key such as ``"layernorm"``).
 
     When any rule fired, the ``passctl`` domain is added to the model's opset imports (the rules emit
-    canonical ``passctl::`` ops, see :mod:`passctl.passes.fusion.canonical`).
+    canonical ``passctl::`` ops, see :mod:`passctl.dialect.canonical`).
     """
 
     RULES: Sequence[Type[RewriteRule]] = ()

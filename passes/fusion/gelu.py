@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 
-from passctl.passes.fusion.canonical import DOMAIN
+from passctl.dialect.canonical import DOMAIN
 from passctl.passes.fusion.fusion_set import FusionRuleSet, make_variants
 from passctl.passes.fusion.norm_checks import check_param, param_vector
 from passctl.passes.registry import register_pass

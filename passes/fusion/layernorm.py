@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from passctl.ir import Value
-from passctl.passes.fusion.canonical import DOMAIN
+from passctl.dialect.canonical import DOMAIN
 from passctl.passes.fusion.fusion_set import FusionRuleSet, make_variants
 from passctl.passes.fusion.norm_checks import check_epsilon, check_param, check_reductions
 from passctl.passes.fusion.norm_checks import param_vector as _param

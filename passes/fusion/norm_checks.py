@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from passctl.ir import Node, Value
-from passctl.passes.fusion.canonical import last_dim, vector_like
+from passctl.dialect.canonical import last_dim, vector_like
 from passctl.passes.rewrite import MatchResult, RuleContext, constant_value
 
 def reduce_axes(node: Node) -> Tuple[Optional[Tuple[int, ...]], str]:
@@ -102,7 +102,7 @@ def check_param(context: RuleContext, x: Value, p: Value, role: str, what: str
 def param_vector(op, x: Value, p: Value) -> Value:
     """``p`` as a ``[D]`` vector for a rewrite: ``p`` itself when it is one already (or not a
     constant), else a new initializer (``[1, D]`` or ``[1]`` reshaped / expanded; see
-    :func:`passctl.passes.fusion.canonical.vector_like`). Call only after :func:`check_param` passed."""
+    :func:`passctl.dialect.canonical.vector_like`). Call only after :func:`check_param` passed."""
     arr = constant_value(p)
     if arr is None:
         return p

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Tuple
 
 from passctl.ir import Model, Node, Value
 from passctl.passes.base import Pass, PassResult
-from passctl.passes.fusion.canonical import DOMAIN, VERSION, ensure_opset, optional_input
+from passctl.dialect.canonical import DOMAIN, VERSION, ensure_opset, optional_input
 from passctl.passes.fusion.layernorm import _same_shape
 from passctl.passes.registry import register_pass
 from passctl.passes.rewrite import MatchResult

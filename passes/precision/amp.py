@@ -11,8 +11,9 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Set
 from passctl.ir import DataType, Graph, Model, Node
 from passctl.ir.errors import UserError
 from passctl.passes._snapshot import clone_model
-from passctl.passes.base import Pass, PassResult
+from passctl.passes.base import PassResult
 from passctl.passes.common.constants import constant_tensor
+from passctl.passes.precision.calibrating import CalibratingPass
 from passctl.passes.precision.casts import WeightCache, apply_precision
 from passctl.passes.precision.cpu_kernels import needs_emulation
 from passctl.passes.precision.ops import convertible, float_inputs, has_float32, is_exact
@@ -21,7 +22,7 @@ from passctl.passes.precision.sensitivity import (calibration_inputs, check_sear
                                                   group_estimates, measure, output_error,
                                                   random_feeds_note, run_model, search_fp32_set)
 from passctl.passes.registry import register_pass
-from passctl.targets.profiles import TargetProfile, get_target
+from passctl.support.profiles import TargetProfile, get_target
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def parse_dims(text: str, owner: str = "amp") -> Dict[str, int]:
 
 
 @register_pass
-class MixedPrecision(Pass):
+class MixedPrecision(CalibratingPass):
     """Run every node it can in fp16 or bf16, keep float32 where rules or measurements say so.
 
     Rules:
@@ -105,6 +106,7 @@ class MixedPrecision(Pass):
 
     name = "mixed-precision"
     summary = "Assign fp16/bf16 per node under an accuracy budget; insert and simplify Casts"
+    budget_label = "amp"
 
     @dataclass
     class Options:
@@ -122,7 +124,7 @@ class MixedPrecision(Pass):
             measure: measure ranges and sensitivity and search (false: rules only).
             long_reduction: reduced element count from which a sum stays float32.
             keep_io: keep float32 graph inputs and outputs float32.
-            target: target profile name (the pipeline's ``--target`` when built by the CLI).
+            target: target profile name (default: the compile context's, the CLI's ``--target``).
             emulate: compute low nodes in float32 behind Casts (default: on the cpu target only).
         """
 

@@ -39,8 +39,8 @@ MAX_SAMPLES = 1024
 def calibration_inputs(model: Model, calib: str = "", samples: int = 2, seed: int = 0,
                        dims: Optional[Mapping[str, int]] = None, owner: str = "amp") -> Feeds:
     """The calibration feeds: every ``*.npz`` of folder ``calib`` (one run each, arrays by input
-    name, read by :func:`passctl.tools.compile.load_input_file`), or ``samples`` seeded random
-    feeds from :func:`passctl.tools.inputs.make_inputs` (its declared ranges: ids in [0, 1000),
+    name, read by :func:`passctl.support.input_files.load_input_file`), or ``samples`` seeded random
+    feeds from :func:`passctl.support.inputs.make_inputs` (its declared ranges: ids in [0, 1000),
     masks all ones, floats in [-1, 1)), seeds ``seed, seed+1, ...``. ``owner`` (the pass name)
     starts the error messages.
 
@@ -48,9 +48,9 @@ def calibration_inputs(model: Model, calib: str = "", samples: int = 2, seed: in
         UserError: ``calib`` does not exist, is not a folder, holds no .npz files, a file is not a
             readable .npz of numeric arrays (not a zip, Python objects, a folder named ``*.npz``),
             lacks a graph input or holds NaN or inf in one; a ``dims`` key names no unknown input
-            dimension (``lower_tvm.check_dims``); ``samples`` is above :data:`MAX_SAMPLES`.
+            dimension (:func:`passctl.support.dims.check_dims`); ``samples`` is above :data:`MAX_SAMPLES`.
     """
-    from passctl.passes.fusion.lower_tvm import check_dims
+    from passctl.support.dims import check_dims
 
     names = [v.name for v in model.graph.inputs if not v.is_initializer()]
     if dims:
@@ -71,7 +71,7 @@ def calibration_inputs(model: Model, calib: str = "", samples: int = 2, seed: in
     if samples > MAX_SAMPLES:
         raise UserError(f"{owner}: samples={samples} is above {MAX_SAMPLES} random calibration "
                         f"feeds (each held in memory); give calib= with real data instead")
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.inputs import make_inputs
 
     header = to_onnx(_interface_only(model))
     return [make_inputs(header, seed=seed + k, dim_values=dims) for k in range(max(1, samples))]
@@ -99,7 +99,7 @@ def check_search_options(owner: str, budget: float, samples: int, metric: str,
 
 def _calibration_file(path: str, names: Sequence[str], owner: str) -> Dict[str, np.ndarray]:
     """The graph inputs ``names`` from calibration file ``path`` (one line UserErrors naming it)."""
-    from passctl.tools.compile import load_input_file
+    from passctl.support.input_files import load_input_file
 
     try:
         data = load_input_file(path)
@@ -125,7 +125,7 @@ def random_feeds_note(model: Model, calib: str = "", dims: Optional[Mapping[str,
     """What a warning about the calibration result adds when the feeds are seeded random data.
 
     Random feeds (no ``calib``) are sized by ``dims`` and, for the other unknown input dimensions, by
-    :func:`passctl.tools.inputs.make_inputs`'s defaults (e.g. 32x32 images), which may say little about
+    :func:`passctl.support.inputs.make_inputs`'s defaults (e.g. 32x32 images), which may say little about
     the real inputs. Returns ``""`` when ``calib`` is given, else one clause such as ``the calibration
     feeds are seeded random data (no calib=) at default sizes x[2]=32, x[3]=32: give calib=DIR with real
     inputs (.npz files named by input) or the real sizes, e.g. dims="x[2]=SIZE,x[3]=SIZE"`` (the
@@ -134,7 +134,7 @@ def random_feeds_note(model: Model, calib: str = "", dims: Optional[Mapping[str,
     """
     if calib:
         return ""
-    from passctl.tools.inputs import plan_inputs
+    from passctl.support.inputs import plan_inputs
 
     plan = plan_inputs(to_onnx(_interface_only(model)), dims)
     defaulted = [k for k, source in plan.dim_sources.items() if source == "default"]
@@ -165,7 +165,7 @@ def _interface_only(model: Model) -> Model:
 
 def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = None,
               threads: Optional[int] = None, optimize: bool = False) -> List[Dict[str, np.ndarray]]:
-    """Run ``model`` (IR) on ONNX Runtime's CPU EP for every feed (:func:`passctl.tools.check.cpu_session`).
+    """Run ``model`` (IR) on ONNX Runtime's CPU EP for every feed (:func:`passctl.support.check.cpu_session`).
 
     Graph optimizations are off (``ORT_DISABLE_ALL``) by default so the Casts that round to low
     precision are executed as written (amp); ``optimize=True`` uses ``ORT_ENABLE_ALL``, the level an
@@ -177,7 +177,7 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     search runs the model once per candidate assignment). Models that still hold :data:`EMBED_LIMIT`
     bytes of weights or more in the proto are written to a temporary folder with external data first.
     """
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
 
     plan, values, embedded = _external_initializers(model)
     if embedded < EMBED_LIMIT:
@@ -366,7 +366,7 @@ def output_error(reference: List[Dict[str, np.ndarray]], candidate: List[Dict[st
                  metric: str) -> float:
     """The model-output error of ``candidate`` against ``reference`` (lists of per-feed outputs).
 
-    ``max-rel``: max |r - c| / max |r| per output (as :mod:`passctl.tools.check`); ``mean-rel``:
+    ``max-rel``: max |r - c| / max |r| per output (as :mod:`passctl.support.check`); ``mean-rel``:
     sum |r - c| / sum |r|; ``cosine``: 1 - cosine similarity of the flattened output. The worst over
     outputs and feeds; inf when the candidate has a NaN or inf the reference does not.
     """

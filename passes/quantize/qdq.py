@@ -16,7 +16,7 @@ QDQ_MIN_OPSET = 13
 class WeightCache:
     """Each layer's ``(int8 codes, scales)``, quantized once per pass run, with codes in
     ``[-qmax, qmax]``: 127, or 63 for a CPU whose int8 kernels saturate
-    (:attr:`passctl.targets.cpu_isa.CpuIsa.int8_weight_qmax`).
+    (:attr:`passctl.support.cpu_isa.CpuIsa.int8_weight_qmax`).
 
     Args:
         qmax: the largest weight code.

@@ -11,8 +11,9 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 from passctl.ir import Model
 from passctl.ir.errors import UserError
 from passctl.passes._snapshot import clone_model
-from passctl.passes.base import Pass, PassResult
+from passctl.passes.base import OutputForm, PassResult
 from passctl.passes.precision.amp import parse_dims
+from passctl.passes.precision.calibrating import CalibratingPass
 from passctl.passes.precision.sensitivity import (calibration_inputs, check_search_options,
                                                   output_error, random_feeds_note, run_model,
                                                   search_fp32_set)
@@ -23,8 +24,8 @@ from passctl.passes.quantize.opset import adopt, raise_opset
 from passctl.passes.quantize.qdq import QDQ_MIN_OPSET, WeightCache, apply_qdq
 from passctl.passes.quantize.unfuse import unfuse_conv
 from passctl.passes.registry import register_pass
-from passctl.targets.cpu_isa import WEIGHT_QMAX_EXACT, WEIGHT_QMAX_NO_SATURATION
-from passctl.targets.profiles import get_target
+from passctl.support.cpu_isa import WEIGHT_QMAX_EXACT, WEIGHT_QMAX_NO_SATURATION
+from passctl.support.profiles import get_target
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ MEASURED = "measured sensitivity"
 
 
 @register_pass
-class QuantizeInt8(Pass):
+class QuantizeInt8(CalibratingPass):
     """Quantize Conv, MatMul (constant B) and Gemm to int8 in QDQ form, keeping float32 where the
     accuracy budget needs it.
 
@@ -49,7 +50,7 @@ class QuantizeInt8(Pass):
          transB=1 axis 0), scale ``max |w| / qmax``, zero point 0, stored as an int8 initializer
          read through DequantizeLinear (``scales.weight_scales``). ``qmax`` is 127, except for a
          CPU target whose ONNX Runtime U8S8 kernels add pairs of products in saturating int16
-         (x86 without VNNI: ``passctl.targets.cpu_isa``): there codes stay in [-63, 63]
+         (x86 without VNNI: ``passctl.support.cpu_isa``): there codes stay in [-63, 63]
          (ONNX Runtime's ``reduce_range``), so the shipped kernels compute the QDQ graph's math
          exactly, at U8S8 speed. ``reduce_range`` overrides the choice. Biases stay float32.
       3. Activations: each layer's data input gets QuantizeLinear -> DequantizeLinear, per tensor,
@@ -91,6 +92,7 @@ class QuantizeInt8(Pass):
 
     name = "quantize-int8"
     summary = "Static int8 post-training quantization (QDQ, symmetric) under an accuracy budget"
+    budget_label = "quantize"
 
     @dataclass
     class Options:
@@ -119,7 +121,7 @@ class QuantizeInt8(Pass):
             reduce_range: 7-bit weight codes ([-63, 63]) so that no pair of u8 x s8 products
                 saturates int16 (ONNX Runtime's option of that name); None: where the target's
                 int8 kernels saturate (CPU targets without VNNI), else 8 bits.
-            target: target profile name (the pipeline's ``--target`` when built by the CLI).
+            target: target profile name (default: the compile context's, the CLI's ``--target``).
         """
 
         calibration: Literal["minmax", "percentile"] = "minmax"
@@ -153,6 +155,17 @@ class QuantizeInt8(Pass):
                                 f"calibration=percentile (calibration={self.calibration}); add "
                                 "calibration=percentile or drop percentile=")
             check_search_options("quantize-int8", self.budget, self.samples, self.metric, "2e-2")
+
+    def output_forms(self) -> List[OutputForm]:
+        """ONNX Runtime's uint8 form (zero point 128) when ``activations=uint8``, or ``auto`` on
+        the cpu target; emitters that need zero points of 0 (TensorRT) refuse it."""
+        o = self.options
+        cpu = not get_target(o.target).is_gpu
+        if o.activations == "uint8" or (o.activations == "auto" and cpu):
+            why = "activations=uint8" if o.activations == "uint8" else f"target={o.target}"
+            return [OutputForm("uint8-qdq", why, "uint8 activations with zero point 128",
+                               f"drop {why} (GPU targets get int8 with zero point 0)")]
+        return []
 
     def _exclude(self, model: Model) -> List[str]:
         """The ``exclude`` entries; each must name a quantizable node (its name or a source node

@@ -26,7 +26,7 @@ def weight_scales(w: np.ndarray, axis: int, qmax: int = QMAX) -> np.ndarray:
             ``[K, N]``.
         axis: the channel axis (Conv: 0, MatMul B ``[K, N]``: 1, Gemm with transB=1: 0).
         qmax: the largest code: 127 (8 bits), or 63 (7 bits) for CPUs whose int8 kernels
-            saturate (:attr:`passctl.targets.cpu_isa.CpuIsa.int8_weight_qmax`).
+            saturate (:attr:`passctl.support.cpu_isa.CpuIsa.int8_weight_qmax`).
 
     Returns:
         float32 ``[w.shape[axis]]``: positive scales (:data:`MIN_SCALE` for all-zero channels).

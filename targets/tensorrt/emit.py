@@ -13,10 +13,11 @@ import numpy as np
 
 from passctl.ir import Model, Node
 from passctl.ir.errors import UserError
+from passctl.support.profiles import TargetProfile
 from passctl.targets.base import Emitter, dtype_name, value_specs
-from passctl.targets.onnxruntime.emit import (DATA_FILE, EXTERNAL_DATA_THRESHOLD, MODEL_FILE,
-                                              load_check, write_onnx)
-from passctl.targets.profiles import TargetProfile, get_target
+from passctl.targets.onnx_file import (DATA_FILE, EXTERNAL_DATA_THRESHOLD, MODEL_FILE, load_check,
+                                      write_onnx)
+from passctl.targets.registry import register_emitter
 from passctl.targets.tensorrt.engine import ENGINE_FILE, build_engine, engine_unavailable
 from passctl.targets.tensorrt.shapes import (optimization_profile, parse_shape_ranges,
                                              trtexec_shapes)
@@ -70,6 +71,7 @@ def trtexec_command(manifest: Dict[str, Any]) -> List[str]:
     return cmd
 
 
+@register_emitter
 class TensorRTEmitter(Emitter):
     """The ``tensorrt`` emitter: everything TensorRT needs, and the engine where it can be built.
 
@@ -99,6 +101,8 @@ class TensorRTEmitter(Emitter):
     """
 
     name = "tensorrt"
+    # TensorRT's ONNX parser takes Q/DQ with zero points of 0 only (quantize-int8's GPU form).
+    refused_forms = {"uint8-qdq": "TensorRT requires zero points of 0"}
 
     def __init__(self, shapes: str = "", build: Optional[bool] = None, tf32: bool = False,
                  workspace_mb: int = 0, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD):
@@ -135,24 +139,6 @@ class TensorRTEmitter(Emitter):
         if self.build and why is not None:
             raise UserError(f"target '{target.name}': build=true, but {why}; drop build=true to "
                             f"write everything up to the engine ({SCRIPT_FILE} builds it later)")
-
-    def check_passes(self, passes) -> None:
-        """Refuse a ``quantize-int8`` that writes ONNX Runtime's uint8 form (zero point 128):
-        TensorRT's ONNX parser requires zero points of 0 (see :meth:`Emitter.check_passes`).
-
-        Raises:
-            UserError: ``activations=uint8``, or ``target=cpu`` with ``activations=auto``.
-        """
-        for p in passes:
-            if p.name != "quantize-int8":
-                continue
-            o = p.options
-            cpu = not get_target(o.target).is_gpu
-            if o.activations == "uint8" or (o.activations == "auto" and cpu):
-                why = "activations=uint8" if o.activations == "uint8" else f"target={o.target}"
-                raise UserError(f"--emit tensorrt: quantize-int8{{{why}}} writes uint8 activations "
-                                "with zero point 128, and TensorRT requires zero points of 0; drop "
-                                f"{why} (GPU targets get int8 with zero point 0)")
 
     def input_sizes(self, model: Model) -> Dict[str, int]:
         """The optimization profile's OPT sizes of the dynamic input dims (``{"x[0]": 4}``): what

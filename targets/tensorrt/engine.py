@@ -9,8 +9,8 @@ import subprocess
 import time
 from typing import Any, Dict, Optional, Tuple
 
+from passctl.support.profiles import TargetProfile
 from passctl.targets.base import EmitError
-from passctl.targets.profiles import TargetProfile
 
 logger = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ def optimization_profile(model: Model, ranges: Dict[str, Range]) -> Optional[Pro
             or a dynamic dim has no range (the message lists the missing ones and the option that
             gives them).
     """
-    from passctl.passes.fusion.lower_tvm import check_dims
+    from passctl.support.dims import check_dims
 
     check_dims(model, {k: r[1] for k, r in ranges.items()}, owner=_OWNER)
     profile: Profile = {}

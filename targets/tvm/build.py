@@ -214,7 +214,7 @@ def gelu_from_formula(mod, func_name: str = "main"):
     elementwise kernel (BERT-base batch 8 seq 128 fp32 on the H200: 141 us of 5.7 ms).
 
     The forms are those ``lower-standard`` writes below opset 20
-    (:func:`passctl.passes.fusion.lower_standard.gelu`): ``(x * 0.5) * (erf(x / sqrt 2) + 1)`` and
+    (:func:`passctl.passes.lowering.lower_standard.gelu`): ``(x * 0.5) * (erf(x / sqrt 2) + 1)`` and
     ``(x * 0.5) * (tanh((x + x^3 * 0.044715) * sqrt(2 / pi)) + 1)``, constants within 1e-6
     relative or their dtype's rounding (Hendrycks & Gimpel 2016; ONNX Gelu-20).
 

@@ -14,8 +14,9 @@ import numpy as np
 
 from passctl.ir import Model
 from passctl.ir.errors import UserError
+from passctl.support.profiles import TargetProfile
 from passctl.targets.base import EmitError, Emitter, value_specs
-from passctl.targets.profiles import TargetProfile
+from passctl.targets.registry import register_emitter
 from passctl.targets.tvm.runtime import (LIBRARY_FILE, MANIFEST_FILE, MANIFEST_SCHEMA,
                                          PARAMS_FILE, load_artifact)
 from passctl.targets.tvm.support import import_tvm, tvm_target
@@ -74,6 +75,7 @@ def _plain(obj: Any) -> Any:
     return str(obj)
 
 
+@register_emitter
 class TvmEmitter(Emitter):
     """The ``tvm`` emitter: the IR through TVM's Relax to a compiled shared library.
 
@@ -315,11 +317,11 @@ def _refuse_fp16_tensorize(mod, source: str) -> None:
 
 def _self_check(model: Model, folder: str, seed: int = 0) -> Dict[str, Any]:
     """Run the artifact and ONNX Runtime (on the same IR, graph optimizations off) on seeded
-    inputs; compare outputs with :func:`passctl.tools.check.compare` (``max_rel``, or ``mean_rel``
+    inputs; compare outputs with :func:`passctl.support.check.compare` (``max_rel``, or ``mean_rel``
     when the IR has QuantizeLinear)."""
     from passctl.ir import to_onnx
-    from passctl.tools.check import compare, run_onnxruntime
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.check import compare, run_onnxruntime
+    from passctl.support.inputs import make_inputs
 
     proto = to_onnx(model)
     feeds = make_inputs(proto, seed=seed)

@@ -30,8 +30,8 @@ _DIRECT = {"If", "Constant"}
 
 
 def _converter_table(kernels=None) -> Dict[str, Callable]:
-    """passctl op type -> ``fn(bb, inputs, attrs) -> relax.Expr`` (math: passes/fusion/canonical.py;
-    ``Attention``: passes/attention/tvm_relax.py, which uses the Triton kernel with ``kernels``, a
+    """passctl op type -> ``fn(bb, inputs, attrs) -> relax.Expr`` (math: dialect/canonical.py;
+    ``Attention``: targets/tvm/relax_attention.py, which uses the Triton kernel with ``kernels``, a
     :class:`passctl.targets.tvm.triton_dispatch.TritonLibrary`, else TVM's ops)."""
     import_tvm()
     from tvm import relax
@@ -93,7 +93,7 @@ def _converter_table(kernels=None) -> Dict[str, Callable]:
     table = {"LayerNorm": layer_norm, "SkipLayerNorm": skip_layer_norm, "RMSNorm": rms_norm,
              "SkipRMSNorm": skip_rms_norm, "Gelu": gelu, "SiLU": silu, "HardSwish": hard_swish}
     try:
-        from passctl.passes.attention.tvm_relax import converters as attention_converters
+        from passctl.targets.tvm.relax_attention import converters as attention_converters
     except ImportError:  # the attention package is optional here
         logger.debug("passctl::Attention converter not available")
     else:
@@ -233,7 +233,7 @@ def to_relax(model: Model, source: str = "model", kernels=None):
     with passctl-domain ops converted by :func:`_converter_table` (nn.layer_norm, nn.rms_norm,
     SkipRMSNorm as add + nn.rms_norm with the sum as its second output,
     nn.gelu / gelu_tanh, nn.silu, HardSwish as x * clip(x / 6 + 1/2, 0, 1), Attention through
-    passes/attention/tvm_relax.py, with ``kernels`` (a
+    targets/tvm/relax_attention.py, with ``kernels`` (a
     :class:`passctl.targets.tvm.triton_dispatch.TritonLibrary`) for CUDA builds that embed Triton
     kernels).
 

@@ -8,7 +8,7 @@ import shutil
 from typing import Any, Dict
 
 from passctl.ir.errors import UserError
-from passctl.targets.profiles import TargetProfile
+from passctl.support.profiles import TargetProfile
 
 logger = logging.getLogger(__name__)
 
@@ -81,3 +81,8 @@ def tvm_target(target: TargetProfile):
                         "NVRTC (Python package cuda-python) or nvcc, and this machine has neither; "
                         "pip install cuda-python or put the CUDA toolkit's nvcc on PATH")
     return tvm.target.Target(cuda_target(target))
+
+
+def attr_text(value) -> str:
+    """An IR string attribute's value as ``str`` (the IR may hold it as ``bytes``)."""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -92,7 +92,7 @@ def call_gemm(bb, lib: TritonLibrary, a, b, bias=None, act: int = 0, residual=No
 
 def call_attention(bb, lib: TritonLibrary, q, k, v, mask, attrs: Dict[str, Any]):
     """Emit ``call_tir`` of the Triton FlashAttention kernel for one ``passctl::Attention``
-    (BHSD in and out; schema: passes/attention/canonical.py).
+    (BHSD in and out; schema: dialect/attention.py).
 
     Raises:
         ValueError: a mask that broadcasts over the key axis or has rank > 4 (the caller falls
@@ -100,7 +100,7 @@ def call_attention(bb, lib: TritonLibrary, q, k, v, mask, attrs: Dict[str, Any])
     """
     from tvm import relax
 
-    from passctl.passes.attention.tvm_relax import _text as text
+    from passctl.targets.tvm.support import attr_text as text
 
     qs, ks, vs = ([int(x) for x in e.ty.shape] for e in (q, k, v))
     dtype = str(q.ty.dtype)

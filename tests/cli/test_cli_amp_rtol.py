@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from passctl.tools.check import run_onnxruntime
-from passctl.tools.inputs import make_inputs
+from passctl.support.check import run_onnxruntime
+from passctl.support.inputs import make_inputs
 
 
 def test_amp_check_uses_the_budget_unless_rtol_is_given(cli, conv_bn_model, tmp_path):

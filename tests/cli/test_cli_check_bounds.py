@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from passctl.tools.inputs import make_inputs
+from passctl.support.inputs import make_inputs
 from small_graphs import conv_relu_conv  # tests/small_graphs.py
 
 MIXED = "quantize{metric=cosine,budget=1e-3},amp{metric=max-rel,budget=0.05}"
@@ -138,7 +138,7 @@ def test_cosine_bound_warns_about_one_element_outputs(cli, tmp_path):
 def test_check_with_check_each_runs_the_original_once(cli, convs, tmp_path, monkeypatch):
     # --check reuses --check-each's run of the original on the same seeded inputs; its entry is the
     # one --check alone writes
-    import passctl.tools.check as check_module
+    import passctl.support.check as check_module
 
     alone = tmp_path / "alone"
     assert cli(convs, "--pipeline", "quantize", "--check", "-o", alone, "-q").rc == 0

@@ -27,7 +27,7 @@ def _check_line(stdout):
 
 def test_det_at_default_size_warns_and_says_atol(cli, tmp_path):
     """PP-OCRv4 det at the default 32x32 input: its probability map has no value above atol."""
-    from passctl.tools.check import make_inputs
+    from passctl.support.check import make_inputs
 
     feeds = make_inputs(DET, seed=0)
     assert list(feeds["x"].shape) == [1, 3, 32, 32]

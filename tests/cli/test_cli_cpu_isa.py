@@ -9,7 +9,8 @@ import logging
 import numpy as np
 import onnx
 
-from passctl.targets import cpu_isa, get_target
+from passctl.support import cpu_isa
+from passctl.targets import get_target
 
 
 def _small_quantizable(path) -> None:

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 from corpus import package_file
 from passctl.ir import Shape, TensorType, from_onnx, print_model, to_onnx
 from passctl.ir.verifier import TYPE, verify
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 
 
 def _relu_model() -> onnx.ModelProto:

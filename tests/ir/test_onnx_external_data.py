@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 import passctl.ir.onnx_export as onnx_export
 from passctl.ir import load, save, to_onnx
 from passctl.ir.errors import UserError
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 
 from proto_diff import proto_diff
 

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from passctl.ir import DataType, from_onnx, load, save, to_onnx
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 
 from proto_diff import proto_diff
 

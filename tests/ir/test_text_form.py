@@ -14,7 +14,7 @@ from passctl.ir import (AttrType, DataType, Shape, Tensor, TensorType, assert_st
                         format_node, from_onnx, load, parse_file, parse_graph, parse_model,
                         print_graph, print_model, save, structural_diff)
 from passctl.ir.errors import ParseError, UserError
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 from text_form_models import ELEMENT_TYPES, every_kind_model, ort_model, small_mlp
 
 # The golden text of text_form_models.small_mlp(), written by hand from the grammar in

@@ -11,8 +11,8 @@ import onnx.parser
 from passctl.ir import Model, from_onnx, to_onnx
 from passctl.ir.verifier import verify
 from passctl.passes.base import Pass, PassResult
-from passctl.tools.check import compare, run_onnxruntime
-from passctl.tools.inputs import make_inputs
+from passctl.support.check import compare, run_onnxruntime
+from passctl.support.inputs import make_inputs
 
 
 def parse(text: str, check: bool = True) -> onnx.ModelProto:

@@ -10,7 +10,7 @@ from helpers import apply, assert_same_outputs, op_types, parse
 from corpus import CORPUS
 from passctl.ir import load, to_onnx
 from passctl.passes.common.fold_constants import FoldConstants
-from passctl.tools.check import check_models
+from passctl.support.check import check_models
 
 
 def _inits(proto):

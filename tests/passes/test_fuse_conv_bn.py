@@ -14,7 +14,7 @@ from passctl.passes.common.fold_constants import FoldConstants
 from passctl.passes.fusion.bn_math import fold_bn_into_conv_weights
 from passctl.passes.fusion.fold_batchnorm import FuseConvBatchNorm
 from passctl.passes.rewrite import explain
-from passctl.tools.check import check_models
+from passctl.support.check import check_models
 
 
 def _with_initializers(proto: onnx.ModelProto, arrays) -> onnx.ModelProto:

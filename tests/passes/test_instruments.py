@@ -21,7 +21,7 @@ from passctl.passes.instruments import CheckEach, CrashReproducer, DumpIR, Print
 from passctl.passes.manager import PassFailure, PassManager
 from passctl.passes.pipeline_text import build_pipeline
 from passctl.passes.registry import load_plugin_file
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 
 MODEL = """
     <ir_version: 8, opset_import: ["" : 17]>

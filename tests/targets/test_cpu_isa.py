@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from passctl.targets import get_target, list_targets
-from passctl.targets import cpu_isa
-from passctl.targets.cpu_isa import CpuIsa, host_isa
+from passctl.support import cpu_isa
+from passctl.support.cpu_isa import CpuIsa, host_isa
 
 
 def _cpuinfo(tmp_path, monkeypatch, text: str) -> CpuIsa:

@@ -147,7 +147,7 @@ def test_bf16_gpu_artifact_without_a_cpu_kernel_is_validated_by_the_checker(tmp_
 
     from passctl.passes.manager import PassManager
     from passctl.passes.pipeline_text import build_pipeline
-    from passctl.targets.onnxruntime.emit import load_check
+    from passctl.targets.onnx_file import load_check
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")
@@ -171,7 +171,7 @@ def test_load_check_at_either_optimization_level(tmp_path, optimize):
     """The TensorRT emitter's load check runs unoptimized (TensorRT parses the graph as written):
     it still proves the model loads, refuses a broken one, and falls back to onnx.checker for a
     GPU artifact without a CPU kernel, as at the ONNX Runtime artifact's ORT_ENABLE_ALL."""
-    from passctl.targets.onnxruntime.emit import load_check
+    from passctl.targets.onnx_file import load_check
 
     good = str(tmp_path / "good.onnx")
     onnx.save(_conv_relu_proto(), good)

@@ -1,4 +1,4 @@
-"""Tests of passctl.tools.check: inputs, ONNX Runtime runs and the comparison formulas."""
+"""Tests of passctl.support.check: inputs, ONNX Runtime runs and the comparison formulas."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from passctl.ir.errors import UserError
-from passctl.tools.check import (REL_FLOOR, check_models, compare, make_inputs, run_onnxruntime)
+from passctl.support.check import (REL_FLOOR, check_models, compare, make_inputs, run_onnxruntime)
 
 
 def _scale_model(factor: float, use_add: bool = False) -> onnx.ModelProto:
@@ -190,7 +190,7 @@ def test_cpu_session_takes_a_session_json_level_name(optimize, level):
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from passctl.tools.check import cpu_session
+    from passctl.support.check import cpu_session
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],

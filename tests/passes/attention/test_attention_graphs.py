@@ -17,7 +17,7 @@ from graphs import attention_model, feeds, fp16_cast_attention  # noqa: E402
 from passctl.ir import from_onnx, to_onnx  # noqa: E402
 from passctl.passes.manager import PassManager  # noqa: E402
 from passctl.passes.pipeline_text import build_pipeline  # noqa: E402
-from passctl.tools.check import compare, run_onnxruntime  # noqa: E402
+from passctl.support.check import compare, run_onnxruntime  # noqa: E402
 
 RTOL = 1e-4
 

@@ -17,7 +17,7 @@ from corpus import CORPUS  # noqa: E402
 from passctl.ir import load, save  # noqa: E402
 from passctl.passes.manager import PassManager  # noqa: E402
 from passctl.passes.pipeline_text import build_pipeline  # noqa: E402
-from passctl.tools.check import compare, make_inputs, run_onnxruntime  # noqa: E402
+from passctl.support.check import compare, make_inputs, run_onnxruntime  # noqa: E402
 from zoo import ZOO  # noqa: E402
 
 RTOL = 1e-4

@@ -15,7 +15,7 @@ from corpus import CORPUS  # noqa: E402
 from passctl.ir import load, save  # noqa: E402
 from passctl.passes.manager import PassManager  # noqa: E402
 from passctl.passes.pipeline_text import build_pipeline  # noqa: E402
-from passctl.tools.check import compare, make_inputs, run_onnxruntime  # noqa: E402
+from passctl.support.check import compare, make_inputs, run_onnxruntime  # noqa: E402
 
 OCR_DIMS = {"p2o.DynamicDimension.0": 1, "x[2]": 48, "p2o.DynamicDimension.1": 320}
 
@@ -30,7 +30,7 @@ def fuse_stats(model, pipeline: str, *profile_target: str) -> dict:
 @pytest.mark.slow  # TVM compiles: 10-25 s each on this shared machine
 @pytest.mark.parametrize("name", ["llama_sdpa_dynamo", "bert_eager_legacy"])
 def test_tvm_emitter_runs_attention(name, tmp_path):
-    from passctl.targets.profiles import get_target
+    from passctl.support.profiles import get_target
     from passctl.targets.tvm import TvmEmitter, frontend, load_artifact
 
     path = export_path(name)
@@ -38,7 +38,7 @@ def test_tvm_emitter_runs_attention(name, tmp_path):
     fuse = fuse_stats(model, 'lower-tvm{dims="batch=1,sequence=16"},flash-attn', "cpu", "tvm")
     assert fuse["attention"] == (2 if name.startswith("llama") else 12)
     assert any(n.domain == "passctl" and n.op_type == "Attention" for n in model.graph)
-    assert "Attention" in frontend.supported_passctl_ops()  # the emitter maps it (tvm_relax.py)
+    assert "Attention" in frontend.supported_passctl_ops()  # the emitter maps it ((targets/tvm/relax_attention.py))
     folder = tmp_path / "tvm"
     folder.mkdir()
     # NOTE: schedule=False: the emitter's CPU schedules failed on nn.attention's legalized kernel

@@ -14,7 +14,7 @@ from passctl.ir import from_onnx, load, to_onnx
 from passctl.passes.common.infer_shapes import InferShapes
 from passctl.passes.fusion.conv_activation import FuseConvActivation
 from passctl.passes.rewrite import explain
-from passctl.tools.check import check_models
+from passctl.support.check import check_models
 
 def _model(body: str, inputs: str, outputs: str, opset: int = 17, **arrays) -> onnx.ModelProto:
     return model_text(body, inputs, outputs, opset, arrays)

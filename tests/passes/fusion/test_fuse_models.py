@@ -17,7 +17,7 @@ import pytest
 from corpus import CORPUS, CorpusModel
 from passctl.ir import Model, load, save
 from passctl.passes import PassManager, build_pipeline
-from passctl.tools.check import compare, run_onnxruntime
+from passctl.support.check import compare, run_onnxruntime
 from zoo import ZOO
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from corpus import CORPUS
 from passctl.ir import load, to_onnx
 from passctl.passes.manager import PassManager
 from passctl.passes.pipeline_text import build_pipeline
-from passctl.tools.check import compare, run_onnxruntime
+from passctl.support.check import compare, run_onnxruntime
 
 # Per corpus model: the statistics `fuse` must report (pass -> key -> count) and the ops the lowered
 # model must contain (op type -> count), per target. MiniLM: 13 LayerNorms (1 embedding + 2 per layer,

@@ -11,8 +11,8 @@ from fusion_helpers import model_text, ops, run
 from helpers import assert_same_outputs
 
 from passctl.ir import Builder, from_onnx, to_onnx
-from passctl.passes.fusion.canonical import SCHEMAS, canonical_op_doc
-from passctl.passes.fusion.lowering import _TABLES
+from passctl.dialect.canonical import SCHEMAS, canonical_op_doc
+from passctl.passes.lowering.table import _TABLES
 from passctl.passes.registry import expand_alias, get_pass
 
 LN_NO_SCALE = ("m = ReduceMean <axes=[-1]> (x)\nd = Sub (x, m)\np = Mul (d, d)\nv = ReduceMean <axes=[-1]> (p)\n"

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from passctl.ir import from_onnx
 from passctl.passes.fusion.skip_rmsnorm import check_skip_rmsnorm
-from passctl.tools.check import compare, make_inputs, run_onnxruntime
+from passctl.support.check import compare, make_inputs, run_onnxruntime
 
 FUSE = "infer-shapes,fuse-layernorm,fuse-skip-rmsnorm,dce"
 RNG = np.random.default_rng(7)

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from amp_graphs import elem_types
 from corpus import REPO_ROOT, package_file
-from passctl.tools.check import cpu_session
+from passctl.support.check import cpu_session
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 WINDOW = 256
@@ -51,7 +51,7 @@ def minilm_feeds(texts: List[str], batch: int = 50) -> List[Dict[str, np.ndarray
 
 
 def session(model, optimize: bool = False) -> ort.InferenceSession:
-    """A CPU session (:func:`passctl.tools.check.cpu_session`) of a path or ModelProto (graph
+    """A CPU session (:func:`passctl.support.check.cpu_session`) of a path or ModelProto (graph
     optimizations off unless ``optimize``)."""
     return cpu_session(model if isinstance(model, str) else model.SerializeToString(), optimize=optimize)
 

@@ -11,7 +11,7 @@ from amp_graphs import layernorm_model, run_amp
 from passctl.ir import from_onnx, to_onnx
 from passctl.passes.common import InferShapes
 from passctl.passes.precision import simplify_casts
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 
 
 def _shared_weight_model() -> onnx.ModelProto:

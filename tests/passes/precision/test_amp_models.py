@@ -102,7 +102,7 @@ def test_smollm2_perplexity_fp16_bf16():
 
 @pytest.mark.slow
 def test_smollm2_bf16_search_meets_a_tight_budget_in_minutes():
-    from passctl.tools.check import make_inputs, run_onnxruntime
+    from passctl.support.check import make_inputs, run_onnxruntime
     from zoo import zoo_path
 
     path = zoo_path("smollm2")

@@ -11,7 +11,7 @@ from passctl.passes.common import InferShapes
 from passctl.passes.precision import apply_precision, layernorm_chains, rule_fp32_nodes
 from passctl.passes.precision.ops import convertible
 from passctl.passes.precision.rules import becomes_inf
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 
 
 def _naive_all_low(proto, low=DataType.FLOAT16):

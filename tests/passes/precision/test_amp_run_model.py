@@ -10,7 +10,7 @@ import onnx.numpy_helper
 
 from passctl.ir import from_onnx
 from passctl.passes.precision.sensitivity import INJECT_MIN_BYTES, _external_initializers, run_model
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 
 
 def _model() -> onnx.ModelProto:

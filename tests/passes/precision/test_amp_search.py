@@ -14,7 +14,7 @@ from passctl.passes.manager import PassManager
 from passctl.passes.pipeline_text import build_pipeline
 from passctl.passes.precision import measure, output_error, search_fp32_set
 from passctl.passes.precision.sensitivity import calibration_inputs, group_estimates
-from passctl.tools.check import compare, run_onnxruntime
+from passctl.support.check import compare, run_onnxruntime
 
 
 def test_search_finds_the_smallest_count_in_few_runs():
@@ -148,7 +148,7 @@ def test_all_fp32_warning_names_random_feed_sizes_and_remedies(caplog):
     assert len(warnings) == 1
     text = warnings[0]
     assert text.startswith("amp: max-rel 1e-09 is met only with every measured node in float32")
-    # make_inputs' default for a 'len'-like dimension name is 16 (tools/inputs.py DEFAULT_SEQUENCE)
+    # make_inputs' default for a 'len'-like dimension name is 16 (support/inputs.py DEFAULT_SEQUENCE)
     assert "seeded random data (no calib=) at default sizes length=16:" in text
     assert "calib=DIR" in text and 'dims="length=SIZE"' in text and "\n" not in text
 

@@ -11,7 +11,7 @@ from passctl.ir.errors import UserError
 from passctl.passes.manager import PassManager
 from passctl.passes.pipeline_text import build_pipeline, format_pipeline
 from passctl.passes.precision import target_support
-from passctl.targets.profiles import get_target, list_targets
+from passctl.support.profiles import get_target, list_targets
 
 
 def test_target_support_per_profile():

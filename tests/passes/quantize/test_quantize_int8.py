@@ -13,7 +13,7 @@ from passctl.ir.errors import UserError
 from passctl.passes import PassManager, build_pipeline
 from passctl.passes.pipeline_text import PipelineSyntaxError
 from passctl.targets.tensorrt.support import check_support
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 
 
 def _small_model() -> onnx.ModelProto:
@@ -48,7 +48,7 @@ def _quantize(proto: onnx.ModelProto, options: str = "", target: str = "cpu"):
 
 
 def _run(proto: onnx.ModelProto, feed, optimize: bool = False):
-    """Output y on ONNX Runtime (:func:`passctl.tools.check.run_onnxruntime`, unoptimized)."""
+    """Output y on ONNX Runtime (:func:`passctl.support.check.run_onnxruntime`, unoptimized)."""
     return run_onnxruntime(proto, feed, optimize=optimize)["y"]
 
 
@@ -61,7 +61,7 @@ def _float_f(feeds):
 
 def _feeds(count: int = 2, seed: int = 0):
     """What calibration_inputs draws for samples=count (make_inputs: floats in [-1, 1))."""
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.inputs import make_inputs
 
     return [make_inputs(_small_model(), seed=seed + k) for k in range(count)]
 
@@ -84,7 +84,7 @@ def _dq_of(proto: onnx.ModelProto, consumer: str, index: int):
                                          ("cpu-arm64-dotprod", 127)])
 def test_weight_scales_and_zero_points_match_numpy(target, qmax):
     # 8-bit weight codes, except 7 bits on x86 without VNNI, whose U8S8 kernels add pairs of
-    # products in saturating int16 (targets/cpu_isa.py); the named profiles fix the ISA, so this
+    # products in saturating int16 (support/cpu_isa.py); the named profiles fix the ISA, so this
     # holds on any machine
     original = _small_model()
     _, proto, stats = _quantize(original, "budget=10", target)
@@ -177,7 +177,7 @@ def test_full_range_weights_are_exact_where_the_host_has_vnni():
     # graph's math on a CPU with VNNI (int32 accumulation); on x86 without VNNI the int16 pairs
     # saturate and the error grows, which is why the cpu target uses 7 bits there. Depends on
     # the machine by design: the expectation follows host_isa().
-    from passctl.targets.cpu_isa import host_isa
+    from passctl.support.cpu_isa import host_isa
 
     original = _small_model()
     _, proto, stats = _quantize(original, "budget=10,metric=mean-rel", "cpu-vnni")
@@ -231,7 +231,7 @@ def test_all_float_warning_names_random_feed_sizes_and_remedies(caplog, tmp_path
     text = _all_float_warning(caplog, _dynamic_model(), "budget=1e-9")
     assert text.startswith("quantize-int8: mean-rel 1e-09 is met only with every layer in float32 "
                            "(0 of 3 layers int8); the calibration feeds are seeded random data")
-    # make_inputs' default for the spatial axes of a rank-4 input is 32 (tools/inputs.py)
+    # make_inputs' default for the spatial axes of a rank-4 input is 32 (support/inputs.py)
     # (batch axis 0 is 1, spatial axes 2 and 3 are 32); the batch of 1 is left out of the example
     assert "at default sizes x[0]=1, x[2]=32, x[3]=32:" in text
     assert "calib=DIR" in text and 'dims="x[2]=SIZE,x[3]=SIZE"' in text

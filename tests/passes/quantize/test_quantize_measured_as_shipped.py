@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ocr_images import det_input, write_feeds
-from passctl.tools.check import cpu_session
+from passctl.support.check import cpu_session
 from passctl.tools.cli import main
 
 _MODELS = os.path.join(os.path.dirname(importlib.util.find_spec("rapidocr_onnxruntime").origin),
@@ -20,7 +20,7 @@ DET = os.path.join(_MODELS, "ch_PP-OCRv4_det_infer.onnx")
 
 def _session(path, level: str):
     """A CPU session of ``path`` at ONNX Runtime graph optimization ``level`` (e.g.
-    ``"ORT_ENABLE_ALL"``, :func:`passctl.tools.check.cpu_session`)."""
+    ``"ORT_ENABLE_ALL"``, :func:`passctl.support.check.cpu_session`)."""
     return cpu_session(str(path), optimize=level)
 
 
@@ -85,7 +85,7 @@ def test_check_runs_onnxruntime_artifacts_as_session_json_and_tensorrt_as_writte
     assert stats["measured_with"] == level and stats["quantized_layers"] == 2
     entry = report["check"]
     assert entry["optimization"] == level
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.inputs import make_inputs
 
     feed = make_inputs(model, seed=3)
     original = _session(model, "ORT_DISABLE_ALL")

@@ -96,8 +96,8 @@ def test_minilm_matmuls_meet_the_budget(tmp_path):
 
     from passctl.ir import load, save
     from passctl.passes import PassManager, build_pipeline
-    from passctl.tools.check import cpu_session
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.check import cpu_session
+    from passctl.support.inputs import make_inputs
 
     path = CORPUS["minilm_legacy"].path
     model = load(path)

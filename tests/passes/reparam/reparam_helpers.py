@@ -14,8 +14,8 @@ import onnx.parser
 from passctl.ir import from_onnx, load, to_onnx
 from passctl.passes.manager import ManagerResult, PassManager
 from passctl.passes.pipeline_text import build_pipeline
-from passctl.tools.check import compare, run_onnxruntime
-from passctl.tools.inputs import make_inputs
+from passctl.support.check import compare, run_onnxruntime
+from passctl.support.inputs import make_inputs
 
 ModelIn = Union[str, onnx.ModelProto]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from reparam_helpers import reparam_stats, run_reparam
 
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 
 RTOL = 1e-5
 # Two float32 ulps at 1.0: ppocr_det's random-input sigmoid outputs are all < 1e-5 and move in steps of

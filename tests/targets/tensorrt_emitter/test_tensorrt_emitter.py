@@ -114,7 +114,7 @@ def test_passctl_run_uses_the_profile_opt_shape(cls_artifact):
     (name, got), = outputs.items()
     assert got.shape == (4, 2)  # OPT batch 4
     proto = onnx.load(os.path.join(out, "model.onnx"))
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.inputs import make_inputs
     feeds = make_inputs(proto, seed=0, dim_values={"x[0]": 4, "x[2]": 48, "x[3]": 192})
     np.testing.assert_allclose(got, _run(package_file(*CLS), feeds)[0], rtol=1e-5, atol=1e-6)
 
@@ -266,7 +266,7 @@ def test_minilm_amp_for_tensorrt_matches_the_original(tmp_path):
     support matrix, the fp16 layers are in precision.json, and model.onnx stays within amp's budget
     of the original at the profile's OPT sizes (ONNX Runtime on both)."""
     from corpus import corpus_path
-    from passctl.tools.inputs import make_inputs
+    from passctl.support.inputs import make_inputs
 
     source = corpus_path("minilm_legacy")
     model = load(source)

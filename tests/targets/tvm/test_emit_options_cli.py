@@ -61,7 +61,7 @@ def test_emit_quoted_value_keeps_its_commas():
 
 
 def test_split_outside_quotes():
-    from passctl.targets.base import split_outside_quotes
+    from passctl.passes.option_text import split_outside_quotes
 
     assert split_outside_quotes("""a=1,b="x,y",c='p,"q',d""") == ["a=1", 'b="x,y"', """c='p,"q'""", "d"]
     assert split_outside_quotes("a,,b") == ["a", "", "b"] and split_outside_quotes("") == [""]
@@ -107,7 +107,7 @@ def test_gpu_only_options_for_cpu_are_warnings(tmp_path):
 
 
 def test_lower_tvm_dims_given_twice_is_an_error(tmp_path):
-    from passctl.passes.fusion.lower_tvm import parse_dims
+    from passctl.support.dims import parse_dims
 
     with pytest.raises(UserError, match=r"dims name 'seq' is given twice \(8 and 9\)"):
         parse_dims("batch=1,seq=8,seq=9")
@@ -116,7 +116,7 @@ def test_lower_tvm_dims_given_twice_is_an_error(tmp_path):
 
 def test_lower_tvm_axis_out_of_range_says_so():
     from passctl.ir import from_onnx
-    from passctl.passes.fusion.lower_tvm import check_dims
+    from passctl.support.dims import check_dims
 
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4, 4])],

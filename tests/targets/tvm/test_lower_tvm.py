@@ -7,7 +7,8 @@ from tvm_helpers import emit_tvm, rel_err, run_ort, run_tvm
 
 from passctl.ir import from_onnx, to_onnx
 from passctl.ir.errors import UserError
-from passctl.passes.fusion.lower_tvm import LowerTvm, parse_dims
+from passctl.passes.lowering.lower_tvm import LowerTvm
+from passctl.support.dims import parse_dims
 from passctl.targets.tvm import TvmTranslationError
 
 # The attention-mask prologue of a transformers 5 BERT export, reduced: a scalar ConstantOfShape

@@ -9,7 +9,8 @@ from tvm_helpers import rel_err, run_cli, run_ort, run_tvm
 
 from passctl.ir import from_onnx
 from passctl.ir.errors import UserError
-from passctl.passes.fusion.lower_tvm import LowerTvm, parse_dims
+from passctl.passes.lowering.lower_tvm import LowerTvm
+from passctl.support.dims import parse_dims
 from passctl.targets.tvm.frontend import check_static_inputs
 
 

@@ -115,7 +115,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_passctl_ops_match_numpy(case, tmp_path):
-    """Each canonical op's Relax mapping against the math of passes/fusion/canonical.py in numpy."""
+    """Each canonical op's Relax mapping against the math of dialect/canonical.py in numpy."""
     _, inputs, attrs, reference = CASES[case]
     op = case.split("-")[0]
     proto = _passctl_model(op, inputs, attrs)
@@ -215,7 +215,7 @@ def test_gpu_target_without_cuda_compiler_says_what_is_missing(tmp_path, monkeyp
 
 
 def test_passctl_attention_gqa_causal_matches_numpy(tmp_path):
-    """passctl::Attention (passes/attention/tvm_relax.py's converter, merged into the emitter's
+    """passctl::Attention (targets/tvm/relax_attention.py's converter, merged into the emitter's
     table): H=4 query heads on 2 KV heads, causal, against softmax(scale Q.K^T + causal) V."""
     h, hkv, s, d = 4, 2, 8, 16
     proto = attention_proto(TensorProto.FLOAT, h, hkv, s, d, causal=1)

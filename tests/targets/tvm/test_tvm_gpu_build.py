@@ -178,7 +178,7 @@ def test_cpu_artifact_unaffected_by_kernel_options(tmp_path):
 
 def test_fp32_attention_mask_broadcast_over_keys_on_cpu(tmp_path):
     """An additive mask [1, 1, S, 1] (broadcast over keys) with GQA: TVM's fp32 nn.attention wants
-    the bias's key axis materialized (passes/attention/tvm_relax.py broadcasts it); vs numpy."""
+    the bias's key axis materialized (targets/tvm/relax_attention.py broadcasts it); vs numpy."""
     shapes = {"q": [1, 2, 8, 16], "k": [1, 1, 8, 16], "m": [1, 1, 8, 1]}
     node = helper.make_node("Attention", ["q", "k", "k", "m"], ["y"], domain="passctl", scale=0.25,
                             mask_kind="additive", is_causal=0, num_heads=2, kv_num_heads=1,

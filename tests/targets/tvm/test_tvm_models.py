@@ -14,7 +14,7 @@ from passctl.passes.pipeline_text import build_pipeline
 from passctl.targets import get_emitter, get_target
 from passctl.targets.onnxruntime import create_session
 from passctl.targets.tvm import TvmEmitter, load_artifact
-from passctl.tools.inputs import make_inputs
+from passctl.support.inputs import make_inputs
 
 # id -> (where it comes from, symbolic dims for lower-tvm and make_inputs)
 MODELS = {

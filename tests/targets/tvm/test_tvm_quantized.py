@@ -13,7 +13,7 @@ from passctl.ir import load, to_onnx
 from passctl.passes.manager import PassManager
 from passctl.passes.pipeline_text import build_pipeline
 from passctl.targets import get_target
-from passctl.tools.check import run_onnxruntime
+from passctl.support.check import run_onnxruntime
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from corpus import package_file  # noqa: E402

@@ -13,7 +13,7 @@ import onnx
 from passctl.ir import Model, from_onnx
 from passctl.targets import get_target
 from passctl.targets.tvm import TvmEmitter, load_artifact
-from passctl.tools.check import compare, run_onnxruntime
+from passctl.support.check import compare, run_onnxruntime
 
 
 def emit_tvm(model: Model, out, target: str = "cpu", self_check: bool = True) -> dict:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Optional, Tuple
 
+from passctl.dialect.canonical import optional_input
 from passctl.ir import Node, Value
-from passctl.passes.fusion.canonical import optional_input
-from passctl.passes.fusion.lowering import LowerContext, Lowering, register_lowering, typed_like
+from passctl.passes.lowering.table import LowerContext, Lowering, register_lowering, typed_like
 from passctl.passes.registry import register_pass
 
 TARGET = "standard"
@@ -140,7 +140,7 @@ class LowerStandard(Lowering):
     HardSwish (>= 14) or x * HardSigmoid(x). The result uses only the ``""`` domain, for emitters
     whose importers know the standard ops (TVM's ONNX frontend, TensorRT's parser).
 
-    Statistics: see :class:`passctl.passes.fusion.lowering.Lowering`.
+    Statistics: see :class:`passctl.passes.lowering.table.Lowering`.
     """
 
     name = "lower-standard"

@@ -7,9 +7,9 @@ from typing import Callable, Dict, List, Tuple, Union
 
 import numpy as np
 
+from passctl.dialect.canonical import DOMAIN, drop_unused_opset, last_dim
 from passctl.ir import Builder, Graph, Model, Node, Value
 from passctl.passes.base import Pass, PassResult
-from passctl.passes.fusion.canonical import DOMAIN, drop_unused_opset, last_dim
 
 logger = logging.getLogger(__name__)
 

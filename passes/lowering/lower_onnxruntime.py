@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+from passctl.dialect.canonical import MS_DOMAIN, ensure_opset, optional_input
 from passctl.ir import Model, Node, Value
 from passctl.passes.base import PassResult
-from passctl.passes.fusion import lower_standard as std
-from passctl.passes.fusion.canonical import MS_DOMAIN, ensure_opset, optional_input
-from passctl.passes.fusion.lowering import LowerContext, Lowering, register_lowering, typed_like
+from passctl.passes.lowering import lower_standard as std
+from passctl.passes.lowering.table import LowerContext, Lowering, register_lowering, typed_like
 from passctl.passes.registry import register_pass
 
 TARGET = "onnxruntime"
@@ -141,7 +141,7 @@ class LowerOnnxRuntime(Lowering):
     to the opset imports when used. The result is for ONNX Runtime only: ``onnx.checker`` does not know
     the contrib ops (nor LayerNormalization below opset 17).
 
-    Statistics: see :class:`passctl.passes.fusion.lowering.Lowering`.
+    Statistics: see :class:`passctl.passes.lowering.table.Lowering`.
     """
 
     name = "lower-onnxruntime"

@@ -7,9 +7,7 @@ from typing import Any, Dict, Sequence
 
 import numpy as np
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+from passctl.targets.tvm.support import attr_text
 
 
 def _nan_to_zero(bb, y, dtype: str):
@@ -59,7 +57,7 @@ def _decomposed(bb, q, k, v, mask, kind: str, attrs: Dict[str, Any], dtype: str)
 
 
 def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], kernels=None):
-    """Build Relax ops for one ``passctl::Attention`` (schema: passes/attention/canonical.py).
+    """Build Relax ops for one ``passctl::Attention`` (schema: dialect/attention.py).
 
     Q/K/V arrive in BHSD; Relax's ``nn.attention`` takes BSNH (``[B, S, H, D]``), so each is
     permuted, KV heads are repeated to H (``repeat`` on the head axis: head h reads KV head
@@ -91,7 +89,7 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], kernels=No
     q, k, v = (bb.normalize(x) for x in inputs[:3])
     mask = bb.normalize(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
     heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
-    kind = _text(attrs.get("mask_kind", "none"))
+    kind = attr_text(attrs.get("mask_kind", "none"))
     dtype = str(q.ty.dtype)
     bsnh = [0, 2, 1, 3]
     if kernels is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from passctl.passes.fusion.canonical import SCHEMAS, CanonicalOp
+from passctl.dialect.canonical import SCHEMAS, CanonicalOp
 
 OP_TYPE = "Attention"
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from passctl.ir.errors import UserError
-from passctl.targets.cpu_isa import NAMED_ISAS, CpuIsa, host_isa
+from passctl.support.cpu_isa import NAMED_ISAS, CpuIsa, host_isa
 
 #: The reduced-precision dtypes a profile may list as having a fast path.
 FAST_DTYPES = ("tf32", "fp16", "bf16", "int8", "fp8")
@@ -39,7 +39,7 @@ class TargetProfile:
             L4 58, A100 108, H100 SXM / H200 132); kernel tile heuristics size their grids by it.
             None for the CPU.
         isa: the instruction set of a CPU profile (``cpu`` is the machine passctl runs on,
-            ``cpu-avx2`` ... name one; :mod:`passctl.targets.cpu_isa`); None for GPUs.
+            ``cpu-avx2`` ... name one; :mod:`passctl.support.cpu_isa`); None for GPUs.
     """
 
     name: str

@@ -1,0 +1,47 @@
+"""The passes that calibrate under an accuracy budget (amp's ``mixed-precision``, ``quantize-int8``):
+what they take from the compile context, and the budget the numeric check applies to them."""
+
+from __future__ import annotations
+
+from typing import ClassVar, List, Optional, Tuple
+
+from passctl.passes.base import Pass
+from passctl.support.context import CompileContext
+
+
+class CalibratingPass(Pass):
+    """A pass whose ``Options`` have ``target``, ``calib``, ``dims``, ``metric`` and ``budget``.
+
+    From the compile context (:meth:`configure`), for the options the pipeline text does not give:
+    ``target`` becomes the context's profile; ``calib`` its calibration folder; and without
+    ``calib`` or ``dims``, ``dims`` the input sizes the emitter builds for (a TensorRT profile's OPT
+    sizes), so the random calibration feeds and the measured error are at the sizes the artifact
+    runs at (where the check runs too). Subclasses set ``budget_label``, how messages name them.
+    """
+
+    budget_label: ClassVar[str] = ""
+
+    def configure(self, context: CompileContext) -> List[str]:
+        """Take ``target``, ``calib`` and ``dims`` from ``context`` (see the class docstring).
+
+        Returns:
+            a note when ``dims`` was taken from the context's input sizes.
+        """
+        o, given = self.options, self.given_options
+        if context.target is not None and "target" not in given:
+            o.target = context.target.name
+        if context.calibration and "calib" not in given and not o.calib:
+            o.calib = context.calibration
+        if not context.input_sizes or o.calib or o.dims:
+            return []
+        o.dims = ";".join(f"{k}={v}" for k, v in context.input_sizes.items())
+        shown = ", ".join(f"{k}={v}" for k, v in context.input_sizes.items())
+        return [f"{self.name} calibrates at the emitter's input sizes {shown} (give "
+                f"{self.name}{{dims=...}} or calib= to choose)"]
+
+    def error_budget(self) -> Optional[Tuple[str, float, str]]:
+        """``(metric, budget, budget_label)``: the output error this pass accepts."""
+        return self.options.metric, float(self.options.budget), self.budget_label
+
+
+__all__ = ["CalibratingPass"]

@@ -1,0 +1,113 @@
+"""The ONNX file of an artifact, shared by the emitters that write one (ONNX Runtime, TensorRT):
+``model.onnx`` with its weights inline or in ``model.onnx.data``, and the load check that proves
+ONNX Runtime (or the ONNX checker) accepts it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Dict, Tuple, Union
+
+from passctl.ir import Graph, Model, Tensor
+from passctl.targets.base import EmitError
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+
+#: Above this many bytes of initializer data the weights go to ``model.onnx.data`` (protobuf
+#: refuses messages over 2 GiB; external data also lets ONNX Runtime memory-map the weights).
+EXTERNAL_DATA_THRESHOLD = 1 << 30
+
+
+def weight_bytes(graph: Graph) -> int:
+    """Bytes of constant data in ``graph`` and its subgraphs: initializers and tensor attributes."""
+    total = sum(v.const.nbytes for v in graph.initializers.values() if v.const is not None)
+    for node in graph:
+        for attr in node.attributes.values():
+            if isinstance(attr.value, Tensor):
+                total += attr.value.nbytes
+        for sub in node.subgraphs():
+            total += weight_bytes(sub)
+    return total
+
+
+def write_onnx(model: Model, folder: str,
+               external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> Tuple[str, int, bool]:
+    """Save ``model`` as ``folder/model.onnx``, its weights in ``model.onnx.data`` when they exceed
+    ``external_data_threshold`` bytes.
+
+    Returns:
+        ``(path, weight bytes, external)``.
+    """
+    from passctl.ir.onnx_export import save
+
+    nbytes = weight_bytes(model.graph)
+    external = nbytes > external_data_threshold
+    path = os.path.join(folder, MODEL_FILE)
+    save(model, path, external_data=external, location=DATA_FILE if external else None)
+    return path, nbytes, external
+
+
+def load_check(path: str, gpu: bool = False,
+               optimize: Union[bool, str] = "ORT_ENABLE_ALL") -> Dict[str, Any]:
+    """Open the ONNX file ``path`` in ONNX Runtime (CPU provider, session options from
+    :func:`passctl.support.check.cpu_session`) to prove it is a valid model.
+
+    ``optimize`` is the graph optimization level the session loads with, that of how the artifact
+    is run: ``session.json``'s level for an ONNX Runtime artifact; ``False`` (``ORT_DISABLE_ALL``)
+    for a model another runtime parses as written (TensorRT), where ONNX Runtime's CPU graph
+    rewrites would be work for nothing.
+
+    For a GPU artifact (``gpu``), a missing CPU kernel (ONNX Runtime's NOT_IMPLEMENTED: the CPU
+    execution provider has no bfloat16 MatMul or Conv, which CUDA and TensorRT run) does not make
+    the model invalid: it is then validated with ``onnx.checker.check_model(full_check=True)``
+    (strict shape and type inference) instead, and ``note`` says so.
+
+    Returns:
+        ``{"ok": True, "provider", "seconds", "inputs", "outputs"}`` (input / output names), plus
+        ``note`` when the checker replaced the CPU session.
+
+    Raises:
+        EmitError: ONNX Runtime cannot load it (its first message line), or, for a GPU artifact
+            without a CPU kernel, the checker refuses it.
+    """
+    from passctl.support.check import cpu_session
+
+    start = time.perf_counter()
+    try:
+        sess = cpu_session(path, optimize=optimize)  # logs fatal only: the error has it
+    except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
+        first = str(e).splitlines()[0]
+        if gpu and "NOT_IMPLEMENTED" in first:
+            return _checker_load_check(path, first, start)
+        raise EmitError(f"ONNX Runtime cannot load the emitted model: {first}") from e
+    seconds = time.perf_counter() - start
+    return {
+        "ok": True,
+        "provider": "CPUExecutionProvider",
+        "seconds": round(seconds, 4),
+        "inputs": [i.name for i in sess.get_inputs()],
+        "outputs": [o.name for o in sess.get_outputs()],
+    }
+
+
+def _checker_load_check(path: str, why: str, start: float) -> Dict[str, Any]:
+    """:func:`load_check` for a GPU artifact that ONNX Runtime's CPU provider has no kernel for."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(path, full_check=True)
+    except Exception as e:  # ValidationError, InferenceError
+        raise EmitError(f"the emitted model is not valid ONNX: {str(e).splitlines()[0]}") from e
+    header = onnx.load(path, load_external_data=False)
+    weights = {t.name for t in header.graph.initializer}
+    logger.info("ONNX Runtime's CPU provider has no kernel for this GPU artifact (%s); validated "
+                "with onnx.checker instead", why)
+    return {"ok": True, "provider": None, "seconds": round(time.perf_counter() - start, 4),
+            "inputs": [i.name for i in header.graph.input if i.name not in weights],
+            "outputs": [o.name for o in header.graph.output],
+            "note": f"ONNX Runtime's CPU provider cannot run it ({why.split(' : ')[-1]}); "
+                    "validated with onnx.checker (full check) instead"}

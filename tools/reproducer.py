@@ -1,0 +1,66 @@
+"""Crash reproducers of ``passctl compile``: a folder with the command, the traceback and the IR
+for a failure outside the passes (the pass manager's own reproducer covers a failing pass)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import tempfile
+import time
+import traceback
+from typing import Any, Dict, List, Optional
+
+from passctl.tools.report import write_report
+
+logger = logging.getLogger(__name__)
+
+
+def default_reproducer_dir() -> str:
+    """A fresh path under the system temp folder for crash reproducers (created only on a crash)."""
+    return os.path.join(tempfile.gettempdir(),
+                        f"passctl-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+
+
+def write_crash_folder(root: Optional[str], argv: List[str], error: BaseException,
+                        model=None) -> str:
+    """A reproducer for a failure outside the passes: the command, traceback and IR (when given).
+
+    The folder is ``<root>/compile-XXXX`` (``root``: ``--reproducer-dir``, else a fresh folder under
+    the system temp folder). It holds ``command.sh`` (re-runs the command, with the running
+    interpreter, in the folder it was run from), ``traceback.txt`` and, with ``model``, ``model.pir`` (large constants in
+    ``model.weights``).
+    """
+    from passctl.passes.instruments import passctl_command
+
+    root = os.path.abspath(root or default_reproducer_dir())
+    os.makedirs(root, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="compile-", dir=root)
+    with open(os.path.join(folder, "command.sh"), "w") as f:
+        f.write(f"cd {shlex.quote(os.getcwd())} || exit 1\n"
+                + " ".join(shlex.quote(a) for a in passctl_command() + list(argv)) + "\n")
+    with open(os.path.join(folder, "traceback.txt"), "w") as f:
+        f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
+    if model is not None:
+        try:
+            from passctl.ir.printer import print_model
+
+            text = print_model(model, weights_path=os.path.join(folder, "model.weights"))
+            with open(os.path.join(folder, "model.pir"), "w") as f:
+                f.write(text)
+        except Exception:  # the reproducer must not hide the original error
+            logger.exception("could not print the model into the reproducer")
+    return folder
+
+
+def check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],
+                          folder: str) -> str:
+    """Crash folder for a failed check: command, IR, report.json and the candidate model files."""
+    crash = write_crash_folder(args.reproducer_dir, argv, RuntimeError("numeric check failed"),
+                                model)
+    write_report(crash, report)
+    for name in os.listdir(folder):
+        if name.startswith("model.onnx"):
+            shutil.copy2(os.path.join(folder, name), os.path.join(crash, name))
+    return crash
