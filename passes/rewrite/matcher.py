@@ -46,7 +46,8 @@ class Failure:
 class Matcher:
     """Matches a pattern (its root: an op output, or an :class:`OrPattern` of op outputs) at a graph
     node, backtracking over alternatives and, when ``commute`` is set, over the input orders of
-    commutative ops. Never mutates the graph.
+    commutative ops. Never mutates the graph. Alternatives sharing a name choose the same label
+    (as variables of one name match one value).
 
     ``size`` is the most pattern ops a full match holds (:func:`pattern_size`).
     """
@@ -75,12 +76,22 @@ class Matcher:
     def _root(self, pat: PatternInput, node: Node, m: Match):
         if isinstance(pat, OrPattern):
             for label, alt in pat.items():
-                m2 = m.copy()
-                if pat.name:
-                    m2.named[pat.name] = label
-                yield from self._root(alt, node, m2)
+                m2 = self._choose(pat, label, m)
+                if m2 is not None:
+                    yield from self._root(alt, node, m2)
         else:
             yield from self._node(pat.node, node, m)
+
+    @staticmethod
+    def _choose(pat: OrPattern, label, m: Match) -> Optional[Match]:
+        """``m`` extended by choosing alternative ``label`` of ``pat``; None when ``pat``'s name is
+        already bound to another label (two alternatives of one name choose alike)."""
+        if pat.name and m.named.get(pat.name, label) != label:
+            return None
+        m2 = m.copy()
+        if pat.name:
+            m2.named[pat.name] = label
+        return m2
 
     def _fail(self, m: Match, reason: str, node: Optional[Node]) -> None:
         if len(m.nodes) >= self.best.matched or self.best.reason == "not tried":
@@ -214,10 +225,9 @@ class Matcher:
             yield m
         elif isinstance(pat, OrPattern):
             for label, alt in pat.items():
-                m2 = m.copy()
-                if pat.name:
-                    m2.named[pat.name] = label
-                yield from self._value(alt, val, i, m2, node)
+                m2 = self._choose(pat, label, m)
+                if m2 is not None:
+                    yield from self._value(alt, val, i, m2, node)
         else:
             producer = val.producer
             if producer is None or val.index != pat.index:

@@ -40,7 +40,8 @@ class OrPattern(_Alternatives):
     next one when the rest of the pattern fails). ``Pow(d, 2) | Mul(d, d)`` builds one.
 
     With ``name``, ``check`` / ``rewrite`` / :attr:`RewriteRule.variant` receive the label of the
-    alternative that matched (``labels[i]``, or its index ``i`` when no labels are given).
+    alternative that matched (``labels[i]``, or its index ``i`` when no labels are given). Several
+    Ors of one name must choose the same label in a match (``ReduceMean`` axes written alike twice).
     """
 
     def __init__(self, alternatives: Sequence[Any], name: Optional[str] = None,
