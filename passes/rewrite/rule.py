@@ -12,7 +12,7 @@ from passctl.ir import Builder, Graph, Model, Node, Value
 from passctl.passes.rewrite.matcher import Match, Matcher
 from passctl.passes.rewrite.pattern import (NodeOutput, NodePattern, OptionalPattern, OrPattern,
                                             PatternBuilder, ValuePattern, constant_value, node_label,
-                                            or_patterns)
+                                            or_patterns, pattern_nodes)
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +228,14 @@ class RewriteRule:
 
     def describe_pattern(self) -> str:
         """The pattern as text, e.g. ``Add(MatMul(%x, %w), %b)``; alternatives as ``(a | b)``, an
-        optional input as ``%b?``, further inputs allowed as ``...``."""
+        optional input as ``%b?``, further inputs allowed as ``...``. An op the pattern reaches
+        from several places is written out once, tagged ``Sub#1(...)``, then referred to as ``Sub#1``."""
+        uses: Dict[int, int] = {}
+        for n in pattern_nodes(self.root_pattern):
+            for i in n.inputs:
+                for o in _outputs_in(i):
+                    uses[o.node.id] = uses.get(o.node.id, 0) + 1
+        tags: Dict[int, str] = {}
 
         def fmt(x) -> str:
             if x is None:
@@ -238,10 +245,15 @@ class RewriteRule:
             if isinstance(x, OptionalPattern):
                 return f"{fmt(x.inner)}?"
             if isinstance(x, NodeOutput):
+                idx = f"[{x.index}]" if x.node.num_outputs > 1 else ""
+                if x.node.id in tags:
+                    return tags[x.node.id] + idx
+                head = x.node.describe()
+                if uses.get(x.node.id, 0) > 1:
+                    tags[x.node.id] = head = f"{head}#{len(tags) + 1}"
                 inner = ", ".join([fmt(i) for i in x.node.inputs] + (["..."] if x.node.other_inputs else []))
                 attrs = "".join(f", {k}={v!r}" for k, v in x.node.attributes.items())
-                idx = f"[{x.index}]" if x.node.num_outputs > 1 else ""
-                return f"{x.node.describe()}({inner}{attrs}){idx}"
+                return f"{head}({inner}{attrs}){idx}"
             return repr(x)
 
         return fmt(self.root_pattern)
@@ -341,6 +353,17 @@ def _in_graph_order(nodes: List[Node], root: Node) -> Tuple[List[Node], set]:
     if len(order) < len(want):  # not in topological order: keep the match order, force a sort
         return nodes, set(root.graph) - want
     return order[::-1], between
+
+
+def _outputs_in(pat) -> List[NodeOutput]:
+    """The op outputs a pattern input refers to directly (through alternatives and Opt)."""
+    if isinstance(pat, NodeOutput):
+        return [pat]
+    if isinstance(pat, OptionalPattern):
+        return _outputs_in(pat.inner)
+    if isinstance(pat, OrPattern):
+        return [o for a in pat.alternatives for o in _outputs_in(a)]
+    return []
 
 
 def _root_outputs(pat) -> Optional[List[NodeOutput]]:
