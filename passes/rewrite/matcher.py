@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from passctl.ir import Node, Value
-from passctl.passes.rewrite.pattern import (COMMUTATIVE_OPS, AttrVar, ConstantPattern, NodeOutput,
+from passctl.passes.rewrite.pattern import (COMMUTATIVE_OPS, AttrVar, ConstantPattern,
                                             NodePattern, OptionalPattern, OrPattern, PatternInput,
                                             ValuePattern, callable_text, constant_close, constant_value,
                                             node_label, pattern_size)
