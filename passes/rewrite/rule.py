@@ -52,11 +52,12 @@ class RewriteRule:
     it, so the registry's entries are all used as ``entry()``.
     """
 
-    name: ClassVar[str] = ""
-    summary: ClassVar[str] = ""
+    # Class attributes of a subclass, or set per object in a parametrized rule's __init__.
+    name: str = ""
+    summary: str = ""
     commute: ClassVar[bool] = False
-    variant: ClassVar[str] = ""
-    aliases: ClassVar[Tuple[str, ...]] = ()
+    variant: str = ""
+    aliases: Tuple[str, ...] = ()
 
     def __init__(self):
         if not self.name:
