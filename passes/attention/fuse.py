@@ -24,8 +24,9 @@ _THROUGH = {"Where", "IsNaN", "Cast"}
 class FuseAttention(RuleSet):
     """Replace scaled dot-product attention subgraphs by one ``passctl::Attention`` each.
 
-    Rules: ``pattern_1`` ... ``pattern_72`` (:mod:`passctl.passes.attention.patterns`: 6 ways to
-    write the scale x 3 mask forms x 4 softmax forms), rooted at the MatMul with V and all checked by
+    Rules: ``pattern_1`` ... ``pattern_72`` (rule objects named ``attention-<n>-<scale>-<mask>-<softmax>``
+    in :mod:`passctl.passes.attention.patterns`: 6 ways to write the scale x 3 mask forms x 4 softmax
+    forms), rooted at the MatMul with V and all checked by
     one guard (:mod:`passctl.passes.attention.guard`). Run ``infer-shapes`` first: the guard needs
     ranks, the static head count and head size.
 
@@ -52,8 +53,7 @@ class FuseAttention(RuleSet):
     def __init__(self, options=None, **kwargs):
         tracer = MatchTracer()
         super().__init__(PATTERNS, options, tracer=tracer, **kwargs)
-        for rule in self.rules:
-            rule.any_scale = bool(self.options.any_scale)
+        self.rules = [rule.with_any_scale(self.options.any_scale) for rule in self.rules]
 
     def run(self, model: Model) -> PassResult:
         result = super().run(model)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 from passctl.dialect.canonical import DOMAIN
-from passctl.passes.fusion.fusion_set import FusionRuleSet, make_variants
+from passctl.passes.fusion.fusion_set import FusionRuleSet
 from passctl.passes.registry import register_pass
-from passctl.passes.rewrite import (AttrVar, ConstantPattern, MatchResult, RewriteRule, RuleContext,
+from passctl.passes.rewrite import (AttrVar, ConstantPattern, MatchResult, Or, RewriteRule, RuleContext,
                                     register_rule)
 
 logger = logging.getLogger(__name__)
@@ -92,33 +92,28 @@ class HardSwishFromHardSigmoid(RewriteRule):
         return op.HardSwish(x, _domain=DOMAIN)
 
 
-def _relu6(op, v, clip):
-    """Relu6 as ONNX writes it: ``Clip(v, 0, 6)`` with min/max inputs (opset >= 11) or attributes."""
-    if clip == "clip-inputs":
-        return op.Clip(v, 0.0, 6.0)
-    return op.Clip(v, min=0.0, max=6.0)
+@register_rule
+class HardSwishRelu6(RewriteRule):
+    """Rule 3: ``x * Relu6(x + 3) / 6`` -> ``passctl::HardSwish(x)``.
 
-
-class _HardSwishRelu6(RewriteRule):
-    """Rule 3 (one per exporter variant): ``x * Relu6(x + 3) / 6`` -> ``passctl::HardSwish(x)``.
-
-    Forms: ``div`` ``Div(Mul(x, r), 6)`` (Paddle, torch), ``mul`` ``Mul(Mul(x, r), 1/6)``, ``x-div``
-    ``Mul(x, Div(r, 6))``, ``x-mul`` ``Mul(x, Mul(r, 1/6))``; Relu6 as Clip with min/max inputs or
-    attributes. Math: Howard et al. 2019 (MobileNetV3), ONNX HardSwish-14.
+    Alternatives: ``div`` ``Div(Mul(x, r), 6)`` (Paddle, torch), ``mul`` ``Mul(Mul(x, r), 1/6)``,
+    ``x-div`` ``Mul(x, Div(r, 6))``, ``x-mul`` ``Mul(x, Mul(r, 1/6))``; Relu6 as Clip with min/max
+    inputs (opset >= 11) or attributes. A fusion counts as ``hardswish-<form>-<clip>``, the names of
+    the former one-rule-per-variant classes (aliases of this rule).
+    Math: Howard et al. 2019 (MobileNetV3), ONNX HardSwish-14.
     """
 
+    name = "hardswish-relu6"
+    summary = "x * Relu6(x + 3) / 6 -> passctl::HardSwish (counted as hardswish-<form>-<clip>)"
+    variant = "hardswish-{form}-{clip}"
     commute = True
-    form = clip = ""
 
     def pattern(self, op, x):
-        r = _relu6(op, op.Add(x, 3.0), self.clip)
-        if self.form == "div":
-            return op.Div(op.Mul(x, r), 6.0)
-        if self.form == "mul":
-            return op.Mul(op.Mul(x, r), _SIXTH)
-        if self.form == "x-div":
-            return op.Mul(x, op.Div(r, 6.0))
-        return op.Mul(x, op.Mul(r, _SIXTH))
+        shifted = op.Add(x, 3.0)
+        r = Or(op.Clip(shifted, 0.0, 6.0), op.Clip(shifted, min=0.0, max=6.0), name="clip",
+               labels=("clip-inputs", "clip-attrs"))
+        return Or(op.Div(op.Mul(x, r), 6.0), op.Mul(op.Mul(x, r), _SIXTH), op.Mul(x, op.Div(r, 6.0)),
+                  op.Mul(x, op.Mul(r, _SIXTH)), name="form", labels=("div", "mul", "x-div", "x-mul"))
 
     def check(self, context, x):
         return _float_check(x, "HardSwish")
@@ -127,18 +122,12 @@ class _HardSwishRelu6(RewriteRule):
         return op.HardSwish(x, _domain=DOMAIN)
 
 
-HARDSWISH_RELU6 = make_variants(_HardSwishRelu6, "hardswish",
-                                {"form": ("div", "mul", "x-div", "x-mul"),
-                                 "clip": ("clip-inputs", "clip-attrs")},
-                                lambda c: f"x * Relu6(x + 3) / 6 ({c['form']}, {c['clip']}) -> "
-                                          "passctl::HardSwish")
-
-
 @register_pass
 class FuseActivations(FusionRuleSet):
     """SiLU and HardSwish as canonical ``passctl::SiLU`` / ``passctl::HardSwish``.
 
-    Rules: 1 ``silu``, 1b ``swish-beta``, 2 ``hardswish-hardsigmoid``, 3 ``hardswish-*`` (8 variants). Lower with
+    Rules: 1 ``silu``, 1b ``swish-beta``, 2 ``hardswish-hardsigmoid``, 3 ``hardswish-relu6`` (8 variants
+    as alternatives, counted as ``hardswish-<form>-<clip>``). Lower with
     ``lower-onnxruntime`` (com.microsoft.QuickGelu(alpha=1) for SiLU; HardSwish-14 or
     x * HardSigmoid(x)) or ``lower-standard``.
 
@@ -147,9 +136,9 @@ class FuseActivations(FusionRuleSet):
 
     name = "fuse-activations"
     summary = "Fuse x*Sigmoid(x) into passctl::SiLU and the HardSwish forms into passctl::HardSwish"
-    RULES = (SiLU, SwishBeta, HardSwishFromHardSigmoid, *HARDSWISH_RELU6)
+    RULES = (SiLU, SwishBeta, HardSwishFromHardSigmoid, HardSwishRelu6)
     FAMILIES = {SiLU.name: "silu", SwishBeta.name: "silu", HardSwishFromHardSigmoid.name: "hardswish",
-                **{r.name: "hardswish" for r in HARDSWISH_RELU6}}
+                **{n: "hardswish" for n in HardSwishRelu6().variant_names()}}
 
 
-__all__ = ["FuseActivations", "HARDSWISH_RELU6", "HardSwishFromHardSigmoid", "SiLU"]
+__all__ = ["FuseActivations", "HardSwishFromHardSigmoid", "HardSwishRelu6", "SiLU"]

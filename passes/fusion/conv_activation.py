@@ -8,10 +8,10 @@ from typing import Callable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from passctl.ir import DataType, Model, Value
+from passctl.ir import DataType, Model, Node, Value
 from passctl.passes.base import PassResult
 from passctl.passes.registry import register_pass
-from passctl.passes.rewrite import AttrVar, MatchResult, RewriteRule, RuleContext, RuleSet, register_rule
+from passctl.passes.rewrite import AttrVar, MatchResult, Or, RewriteRule, RuleContext, RuleSet, register_rule
 
 logger = logging.getLogger(__name__)
 
@@ -120,20 +120,18 @@ def _fused_no_act():
                                           describe="absent"))
 
 
-# How the convolution feeding the activation is written: Conv with or without bias, or a FusedConv
-# without activation made by the residual rule (with or without bias).
-_SOURCES = {
-    "conv": lambda op, v: op.Conv(v["x"], v["w"], **_conv_attrs()),
-    "conv-bias": lambda op, v: op.Conv(v["x"], v["w"], v["b"], **_conv_attrs()),
-    "conv-add": lambda op, v: op.FusedConv(v["x"], v["w"], None, v["z"], _domain=MS_DOMAIN,
-                                           **_fused_no_act()),
-    "conv-bias-add": lambda op, v: op.FusedConv(v["x"], v["w"], v["b"], v["z"], _domain=MS_DOMAIN,
-                                                **_fused_no_act()),
-}
+def _source(op, x, w, b, z):
+    """How the convolution feeding the activation is written: Conv with or without bias, or a
+    FusedConv without activation made by the residual rule (with or without bias); the matched one
+    is the node ``conv``, its label the binding ``source``."""
+    return Or(op.Conv(x, w, _name="conv", **_conv_attrs()),
+              op.Conv(x, w, b, _name="conv", **_conv_attrs()),
+              op.FusedConv(x, w, None, z, _domain=MS_DOMAIN, _name="conv", **_fused_no_act()),
+              op.FusedConv(x, w, b, z, _domain=MS_DOMAIN, _name="conv", **_fused_no_act()),
+              name="source", labels=("conv", "conv-bias", "conv-add", "conv-bias-add"))
 
 
-def _is_float32(context: RuleContext) -> Optional[str]:
-    conv = next(n for n in context.nodes if n.op_type in ("Conv", "FusedConv"))
+def _is_float32(conv: Node) -> Optional[str]:
     # Conv's X, W and Y share one element type (ONNX Conv spec): the first one known decides.
     dtype = conv.outputs[0].dtype or conv.inputs[0].dtype or conv.inputs[1].dtype
     weight = RuleContext.constant(conv.inputs[1])
@@ -148,22 +146,32 @@ def _is_float32(context: RuleContext) -> Optional[str]:
 class ConvActivationRule(RewriteRule):
     """act(Conv(x, w[, b])) or act(FusedConv(x, w, b, z)) -> FusedConv(x, w, b[, z], activation).
 
-    Subclasses are generated per (source, activation): ``source`` names the convolution form
-    (:data:`_SOURCES`), ``act`` the :class:`Activation`. The check refuses non-float32 convolutions
-    and activations FusedConv cannot express (the activation's ``params`` gives the reason).
+    One rule object per :class:`Activation` (``conv-<activation>``); the four ways the convolution
+    is written are alternatives (:func:`_source`) and a fusion counts as ``<source>-<activation>``
+    (``conv-bias-relu``, ...), the names of the former one-rule-per-pair classes, which are aliases
+    of the rule. The check refuses non-float32 convolutions and activations FusedConv cannot express
+    (the activation's ``params`` gives the reason).
     Math (ContribOperators.md, FusedConv): ``Y = activation(Conv(X, W, B) + Z)``.
+
+    Args:
+        act: the activation.
     """
 
     commute = True  # x * Sigmoid(x) and Sigmoid(x) * x
-    source: str = "conv"
-    act: Activation = ACTIVATIONS[0]
+
+    def __init__(self, act: Activation):
+        self.act = act
+        self.name = f"conv-{act.key}"
+        self.variant = "{source}-" + act.key
+        self.summary = f"{act.key}(conv, conv-bias, conv-add or conv-bias-add) -> com.microsoft FusedConv"
+        super().__init__()
 
     def pattern(self, op, x, w, b, z, lo, hi):
         v = {"x": x, "w": w, "b": b, "z": z, "lo": lo, "hi": hi}
-        return self.act.build(op, _SOURCES[self.source](op, v), v)
+        return self.act.build(op, _source(op, x, w, b, z), v)
 
-    def check(self, context: RuleContext, **bindings):
-        reason = _is_float32(context)
+    def check(self, context: RuleContext, conv, source, **bindings):
+        reason = _is_float32(conv)
         if reason is not None:
             return MatchResult().fail(reason, context.root)
         params = self.act.params(context, **bindings)
@@ -171,7 +179,7 @@ class ConvActivationRule(RewriteRule):
             return MatchResult().fail(params, context.root)
         return MatchResult()
 
-    def rewrite(self, op, x, w, b=None, z=None, **bindings):
+    def rewrite(self, op, x, w, conv, source, b=None, z=None, **bindings):
         activation, params = self.act.params(RuleContext, **bindings)
         attrs = {k: bindings.get(k) for k in CONV_ATTRS}
         inputs = [x, w, b, z]
@@ -179,14 +187,6 @@ class ConvActivationRule(RewriteRule):
             inputs.pop()
         return op.FusedConv(*inputs, _domain=MS_DOMAIN, activation=activation,
                             activation_params=params, **attrs)
-
-
-def _make_rule(source: str, act: Activation) -> type:
-    name = f"{source}-{act.key}"
-    cls = type(f"ConvActivation_{name.replace('-', '_')}", (ConvActivationRule,),
-               {"name": name, "source": source, "act": act, "__module__": __name__,
-                "summary": f"{act.key}({source}) -> com.microsoft FusedConv"})
-    return register_rule(cls)
 
 
 def _weight_shape(w: Value) -> Optional[Tuple[int, ...]]:
@@ -260,14 +260,14 @@ class ConvResidualRule(RewriteRule):
     with_bias = False
 
     def pattern(self, op, x, w, b, z):
-        conv = op.Conv(x, w, b, **_conv_attrs()) if self.with_bias else op.Conv(x, w, **_conv_attrs())
+        conv = (op.Conv(x, w, b, _name="conv", **_conv_attrs()) if self.with_bias
+                else op.Conv(x, w, _name="conv", **_conv_attrs()))
         return op.Add(conv, z)
 
-    def check(self, context: RuleContext, z):
-        reason = _is_float32(context)
+    def check(self, context: RuleContext, z, conv):
+        reason = _is_float32(conv)
         if reason is not None:
             return MatchResult().fail(reason, context.root)
-        conv = next(n for n in context.nodes if n.op_type == "Conv")
         y, out = conv.outputs[0].shape, context.root.outputs[0].shape
         if y is None or out is None or z.shape is None or None in y.dims or None in z.shape.dims:
             return MatchResult().fail("shapes of the Conv output and the residual are unknown (run "
@@ -279,7 +279,7 @@ class ConvResidualRule(RewriteRule):
             return MatchResult().fail(f"residual '{z.name}' is not float32")
         return MatchResult()
 
-    def rewrite(self, op, x, w, z, b=None, **attrs):
+    def rewrite(self, op, x, w, z, conv, b=None, **attrs):
         return op.FusedConv(x, w, b, z, _domain=MS_DOMAIN, **{k: attrs.get(k) for k in CONV_ATTRS})
 
 
@@ -296,7 +296,9 @@ class ConvBiasAddResidual(ConvResidualRule):
     with_bias = True
 
 
-ACTIVATION_RULES = tuple(_make_rule(s, a) for s in _SOURCES for a in ACTIVATIONS)
+conv_relu, conv_tanh, conv_sigmoid, conv_leaky_relu, conv_hard_sigmoid, conv_clip, conv_clip_min, \
+    conv_clip_max, conv_clip_attr, conv_hard_swish, conv_hard_swish_mul, conv_silu, conv_gelu = \
+    ACTIVATION_RULES = tuple(register_rule(ConvActivationRule(a)) for a in ACTIVATIONS)
 # NOTE: bias rules before the residual rules: an Add of a per-channel constant is a bias (kept as
 # standard Conv), not a residual. Residual rules before nothing else matter: act(FusedConv(z)) is
 # matched by the activation rules with a FusedConv source in the same or the next sweep.
@@ -307,10 +309,11 @@ RULES = (ConvAddBias, ConvBiasAddBias) + ACTIVATION_RULES + (ConvAddResidual, Co
 class FuseConvActivation(RuleSet):
     """Fuse Conv + per-channel bias Add + activation and Conv + residual Add (a rule set).
 
-    Rules (the stat keys are the rule names):
+    Rules (the stat keys are the rule names, or the variant names where said):
       1. ``conv-add-bias`` / ``conv-bias-add-bias``: ``Add(Conv(x, w[, b]), c)`` with a per-channel
          constant ``c`` -> ``Conv(x, w, b + c)`` (standard ONNX, any target).
-      2. ``<source>-<activation>``: ``act(Conv(...))`` -> ``com.microsoft::FusedConv(...,
+      2. ``conv-<activation>`` (counted as ``<source>-<activation>``, e.g. ``conv-bias-relu``):
+         ``act(Conv(...))`` -> ``com.microsoft::FusedConv(...,
          activation, activation_params)`` for Relu, Tanh, Sigmoid, LeakyRelu, HardSigmoid and Clip
          with constant min/max. HardSwish (op or ``x * HardSigmoid(x)``), SiLU (``x * Sigmoid(x)``)
          and Gelu match but their check fails with the reason (FusedConv lacks them).

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-import itertools
-from typing import Callable, Dict, List, Sequence, Type
+from typing import Dict, Sequence
 
 from passctl.ir import Model
 from passctl.passes.base import PassResult
 from passctl.dialect.canonical import DOMAIN, VERSION, ensure_opset
-from passctl.passes.rewrite import RewriteRule, RuleSet, register_rule
+from passctl.passes.rewrite import RuleSet
+from passctl.passes.rewrite.ruleset import RuleEntry
 
 
 class FusionRuleSet(RuleSet):
     """A :class:`RuleSet` over ``RULES`` whose ``stats`` hold, besides the count per rule name, the
-    total per family (``FAMILIES`` maps a rule name to a family key such as ``"layernorm"``).
+    total per family (``FAMILIES`` maps a reported rule or variant name to a family key such as
+    ``"layernorm"``).
 
     When any rule fired, the ``passctl`` domain is added to the model's opset imports (the rules emit
     canonical ``passctl::`` ops, see :mod:`passctl.dialect.canonical`).
     """
 
-    RULES: Sequence[Type[RewriteRule]] = ()
+    RULES: Sequence[RuleEntry] = ()
     FAMILIES: Dict[str, str] = {}
 
     def __init__(self, options=None, **kwargs):
@@ -37,27 +38,4 @@ class FusionRuleSet(RuleSet):
         return PassResult(result.modified, {**totals, **result.stats})
 
 
-def make_variants(base: Type[RewriteRule], prefix: str, choices: Dict[str, Sequence[str]],
-                  summary: Callable[[Dict[str, str]], str]) -> List[Type[RewriteRule]]:
-    """Register one subclass of ``base`` per combination of ``choices`` (the way exporters write a
-    pattern), named ``prefix-<choice>-<choice>...``; each subclass gets the choices as class
-    attributes that ``base.pattern`` reads.
-
-    Example: ``choices={"square": ("pow", "mul"), "normalize": ("div", "reciprocal")}`` makes four
-    rules ``layernorm-pow-div``, ``layernorm-pow-reciprocal``, ...
-
-    Returns:
-        The registered rule classes, in combination order.
-    """
-    keys = list(choices)
-    out = []
-    for combo in itertools.product(*(choices[k] for k in keys)):
-        attrs = dict(zip(keys, combo))
-        name = "-".join([prefix, *combo])
-        cls = type(base.__name__ + "_" + "_".join(c.replace("-", "_") for c in combo), (base,),
-                   {"name": name, "summary": summary(attrs), **attrs, "__module__": base.__module__})
-        out.append(register_rule(cls))
-    return out
-
-
-__all__ = ["FusionRuleSet", "make_variants"]
+__all__ = ["FusionRuleSet"]

@@ -6,10 +6,10 @@ import logging
 import math
 
 from passctl.dialect.canonical import DOMAIN
-from passctl.passes.fusion.fusion_set import FusionRuleSet, make_variants
+from passctl.passes.fusion.fusion_set import FusionRuleSet
 from passctl.passes.fusion.norm_checks import check_param, param_vector
 from passctl.passes.registry import register_pass
-from passctl.passes.rewrite import AttrVar, ConstantPattern, MatchResult, RewriteRule, register_rule
+from passctl.passes.rewrite import AttrVar, ConstantPattern, MatchResult, Or, RewriteRule, register_rule
 
 logger = logging.getLogger(__name__)
 
@@ -22,43 +22,55 @@ SQRT_2_OVER_PI = ConstantPattern(math.sqrt(2.0 / math.pi), rtol=_RTOL)
 KAPPA = ConstantPattern(0.044715, rtol=_RTOL)
 
 
-def _outer(op, x, one_plus, form):
+def _outer(op, x, one_plus):
     """``0.5 * x * one_plus`` in the three association orders exporters write (commute covers the
-    operand order of each Mul):
+    operand order of each Mul), as alternatives named ``outer``:
 
     - ``half-x``: ``Mul(Mul(x, 0.5), h)`` (transformers' ``x * 0.5 * (1 + ...)``)
     - ``x-h``: ``Mul(Mul(x, h), 0.5)`` (torch's legacy exporter for ``F.gelu``)
     - ``half-h``: ``Mul(x, Mul(h, 0.5))`` (torch's dynamo exporter / onnxscript)
     """
-    if form == "half-x":
-        return op.Mul(op.Mul(x, 0.5), one_plus)
-    if form == "x-h":
-        return op.Mul(op.Mul(x, one_plus), 0.5)
-    return op.Mul(x, op.Mul(one_plus, 0.5))
+    return Or(op.Mul(op.Mul(x, 0.5), one_plus), op.Mul(op.Mul(x, one_plus), 0.5),
+              op.Mul(x, op.Mul(one_plus, 0.5)), name="outer", labels=_OUTER)
 
 
-class _GeluCore(RewriteRule):
-    """Rules 1-2 (one per exporter variant): the GELU formula -> ``passctl::Gelu(x, approximate)``.
+_OUTER = ("half-x", "x-h", "half-h")
 
-    Erf form (``approximate="none"``): ``0.5 * x * (1 + erf(x / sqrt(2)))``, the division written as
-    ``Div(x, sqrt(2))`` or ``Mul(x, 1/sqrt(2))``. Tanh form (``approximate="tanh"``, FastGelu):
-    ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))``, the cube written as ``Pow(x, 3)`` or
-    ``Mul(x, Mul(x, x))``. Constants match within 1e-6 relative, or within their own dtype's
-    rounding (an fp16 sqrt(2) is 1.4140625).
+
+class GeluFormula(RewriteRule):
+    """Rules 1-2: the GELU formula -> ``passctl::Gelu(x, approximate)``; one rule object per form.
+
+    Erf form (``gelu-erf``, ``approximate="none"``): ``0.5 * x * (1 + erf(x / sqrt(2)))``, the
+    division written as ``Div(x, sqrt(2))`` or ``Mul(x, 1/sqrt(2))`` (alternatives ``div`` / ``mul``).
+    Tanh form (``gelu-tanh``, ``approximate="tanh"``, FastGelu): ``0.5 * x * (1 + tanh(sqrt(2/pi) *
+    (x + 0.044715 * x^3)))``, the cube written as ``Pow(x, 3)`` or ``Mul(x, Mul(x, x))`` (``pow`` /
+    ``cube``). With the three outer forms (:func:`_outer`) a fusion counts as
+    ``gelu-erf-<inner>-<outer>`` / ``gelu-tanh-<inner>-<outer>``, the names of the former
+    one-rule-per-variant classes (aliases of these two). Constants match within 1e-6 relative, or
+    within their own dtype's rounding (an fp16 sqrt(2) is 1.4140625).
     Math: Hendrycks & Gimpel 2016 (Gaussian Error Linear Units), ONNX Gelu-20.
+
+    Args:
+        form: ``"erf"`` or ``"tanh"``.
     """
 
     commute = True
-    outer = inner = ""
+
+    def __init__(self, form: str):
+        self.form = form
+        self.name = f"gelu-{form}"
+        self.variant = self.name + "-{inner}-{outer}"
+        self.summary = ("0.5*x*(1+erf(x/sqrt2)) -> passctl::Gelu" if form == "erf"
+                        else "tanh-approximated GELU -> passctl::Gelu")
+        super().__init__()
 
     def pattern(self, op, x):
-        if self.inner in ("div", "mul"):
-            scaled = op.Div(x, SQRT2) if self.inner == "div" else op.Mul(x, INV_SQRT2)
-            t = op.Erf(scaled)
+        if self.form == "erf":
+            t = op.Erf(Or(op.Div(x, SQRT2), op.Mul(x, INV_SQRT2), name="inner", labels=("div", "mul")))
         else:
-            cube = op.Pow(x, 3.0) if self.inner == "pow" else op.Mul(x, op.Mul(x, x))
+            cube = Or(op.Pow(x, 3.0), op.Mul(x, op.Mul(x, x)), name="inner", labels=("pow", "cube"))
             t = op.Tanh(op.Mul(op.Add(x, op.Mul(cube, KAPPA)), SQRT_2_OVER_PI))
-        return _outer(op, x, op.Add(t, 1.0), self.outer)
+        return _outer(op, x, op.Add(t, 1.0))
 
     def check(self, context, x):
         if x.dtype is not None and not x.dtype.is_floating:
@@ -66,15 +78,12 @@ class _GeluCore(RewriteRule):
         return MatchResult()
 
     def rewrite(self, op, x):
-        approximate = "none" if self.inner in ("div", "mul") else "tanh"
+        approximate = "none" if self.form == "erf" else "tanh"
         return op.Gelu(x, _domain=DOMAIN, approximate=approximate)
 
 
-_OUTER = ("half-x", "x-h", "half-h")
-GELU_ERF = make_variants(_GeluCore, "gelu-erf", {"inner": ("div", "mul"), "outer": _OUTER},
-                         lambda c: f"0.5*x*(1+erf(x/sqrt2)) ({c['inner']}, {c['outer']}) -> passctl::Gelu")
-GELU_TANH = make_variants(_GeluCore, "gelu-tanh", {"inner": ("pow", "cube"), "outer": _OUTER},
-                          lambda c: f"tanh-approximated GELU ({c['inner']}, {c['outer']}) -> passctl::Gelu")
+gelu_erf = register_rule(GeluFormula("erf"))
+gelu_tanh = register_rule(GeluFormula("tanh"))
 
 
 @register_rule
@@ -101,19 +110,19 @@ class GeluBias(RewriteRule):
 class FuseGelu(FusionRuleSet):
     """GELU (erf form), FastGelu (tanh form) and BiasGelu as canonical ``passctl::Gelu``.
 
-    Rules: 1 ``gelu-erf-*`` (6 variants), 2 ``gelu-tanh-*`` (6 variants), 3 ``gelu-bias``. Lower with
+    Rules: 1 ``gelu-erf`` (6 variants as alternatives), 2 ``gelu-tanh`` (6), 3 ``gelu-bias``. Lower with
     ``lower-onnxruntime`` (com.microsoft Gelu / BiasGelu / FastGelu) or ``lower-standard`` (Gelu-20 or
     the formula).
 
     Statistics: ``gelu`` (erf form), ``fast_gelu`` (tanh form), ``bias_gelu`` (biases absorbed), and
-    the count per rule.
+    the count per variant (``gelu-erf-div-x-h``, ...).
     """
 
     name = "fuse-gelu"
     summary = "Fuse the erf / tanh GELU formulas (and a preceding bias Add) into canonical passctl::Gelu"
-    RULES = (*GELU_ERF, *GELU_TANH, GeluBias)
-    FAMILIES = {**{r.name: "gelu" for r in GELU_ERF}, **{r.name: "fast_gelu" for r in GELU_TANH},
-                GeluBias.name: "bias_gelu"}
+    RULES = (gelu_erf, gelu_tanh, GeluBias)
+    FAMILIES = {**{n: "gelu" for n in gelu_erf.variant_names()},
+                **{n: "fast_gelu" for n in gelu_tanh.variant_names()}, GeluBias.name: "bias_gelu"}
 
 
-__all__ = ["FuseGelu", "GELU_ERF", "GELU_TANH", "GeluBias"]
+__all__ = ["FuseGelu", "GeluBias", "GeluFormula", "gelu_erf", "gelu_tanh"]

@@ -11,7 +11,7 @@ from passctl.ir import DataType, Model, Value
 from passctl.passes.base import PassResult
 from passctl.passes.fusion.conv_activation import MS_DOMAIN, import_ms_domain
 from passctl.passes.registry import register_pass
-from passctl.passes.rewrite import AttrVar, MatchResult, RewriteRule, RuleContext, RuleSet, register_rule
+from passctl.passes.rewrite import AttrVar, MatchResult, Opt, RewriteRule, RuleContext, RuleSet, register_rule
 
 logger = logging.getLogger(__name__)
 
@@ -100,17 +100,28 @@ class GemmTransposeRule(RewriteRule):
     """Gemm(Transpose(a), b[, c]) -> Gemm(a, b[, c], transA=1 - transA), and the same for ``b``.
 
     Gemm's operands are 2-D, so the Transpose (perm [1, 0] or none) is exactly Gemm's transA/transB
-    (Gemm-13 spec)."""
+    (Gemm-13 spec). One rule object per operand (``gemm-transpose-a`` / ``-b``); ``c`` is an
+    optional input, and a fold with ``c`` counts as ``gemm-transpose-a-bias`` / ``-b-bias`` (aliases).
 
-    operand = "a"
-    with_c = False
+    Args:
+        operand: ``"a"`` or ``"b"``.
+    """
+
+    def __init__(self, operand: str):
+        self.operand = operand
+        self.name = f"gemm-transpose-{operand}"
+        self.aliases = (f"{self.name}-bias",)
+        self.summary = f"Gemm(Transpose({operand}), ...) -> Gemm(trans{operand.upper()})"
+        super().__init__()
 
     def pattern(self, op, a, b, c):
         ta = op.Transpose(a, perm=AttrVar("perm")) if self.operand == "a" else a
         tb = op.Transpose(b, perm=AttrVar("perm")) if self.operand == "b" else b
-        attrs = dict(alpha=AttrVar("alpha"), beta=AttrVar("beta"), transA=AttrVar("transA", default=0),
-                     transB=AttrVar("transB", default=0))
-        return op.Gemm(ta, tb, c, **attrs) if self.with_c else op.Gemm(ta, tb, **attrs)
+        return op.Gemm(ta, tb, Opt(c), alpha=AttrVar("alpha"), beta=AttrVar("beta"),
+                       transA=AttrVar("transA", default=0), transB=AttrVar("transB", default=0))
+
+    def reported_name(self, bindings):
+        return self.name if bindings["c"] is None else f"{self.name}-bias"
 
     def check(self, context: RuleContext, perm=None):
         if perm is not None and list(perm) != [1, 0]:
@@ -124,14 +135,6 @@ class GemmTransposeRule(RewriteRule):
         inputs = [a, b] + ([c] if c is not None else [])
         return op.Gemm(*inputs, alpha=alpha, beta=beta, transA=flags["transA"] or None,
                        transB=flags["transB"] or None)
-
-
-def _gemm_transpose_rule(operand: str, with_c: bool) -> type:
-    name = f"gemm-transpose-{operand}" + ("-bias" if with_c else "")
-    return register_rule(type(f"GemmTranspose_{operand}_{int(with_c)}", (GemmTransposeRule,),
-                              {"name": name, "operand": operand, "with_c": with_c, "__module__": __name__,
-                               "summary": f"Gemm(Transpose({operand}), ...) -> "
-                                          f"Gemm(trans{operand.upper()})"}))
 
 
 class MatMulTransposeRule(RewriteRule):
@@ -219,21 +222,22 @@ class GemmAddBias(RewriteRule):
 
     def pattern(self, op, a, b, c):
         return op.Add(op.Gemm(a, b, alpha=AttrVar("alpha"), transA=AttrVar("transA", default=0),
-                              transB=AttrVar("transB", default=0)), c)
+                              transB=AttrVar("transB", default=0), _name="gemm"), c)
 
-    def check(self, context: RuleContext, a, b, c, transA, transB):
-        gemm = next(n for n in context.nodes if n.op_type == "Gemm")
+    def check(self, context: RuleContext, a, b, c, gemm, transA, transB):
         y = gemm.outputs[0].shape
         if y is None or y.rank != 2:
             return MatchResult().fail("shape of the Gemm output is unknown (run infer-shapes)")
         reason = _bias_reason(c, context.root.outputs[0], y[0], y[1])
         return MatchResult().fail(reason) if reason else MatchResult()
 
-    def rewrite(self, op, a, b, c, alpha, transA, transB):
+    def rewrite(self, op, a, b, c, alpha, transA, transB, **_):
         return op.Gemm(a, b, c, alpha=alpha, transA=transA or None, transB=transB or None)
 
 
-GEMM_TRANSPOSE_RULES = tuple(_gemm_transpose_rule(o, c) for o in ("a", "b") for c in (False, True))
+gemm_transpose_a = register_rule(GemmTransposeRule("a"))
+gemm_transpose_b = register_rule(GemmTransposeRule("b"))
+GEMM_TRANSPOSE_RULES = (gemm_transpose_a, gemm_transpose_b)
 RULES = (register_rule(MatMulAddToGemm), GemmAddBias, MatMulTransposeA, MatMulTransposeB) + \
     GEMM_TRANSPOSE_RULES
 
@@ -250,7 +254,8 @@ class FuseGemm(RuleSet):
       3. ``matmul-transpose-a`` / ``-b``: a Transpose swapping the last two axes of a MatMul operand
          becomes Gemm's transA/transB (2-D), a NEW transposed initializer (constant weight of a
          batched MatMul), or ``com.microsoft::FusedMatMul`` transA/transB (batched, ONNX Runtime).
-      4. ``gemm-transpose-a`` / ``-b`` (``-bias``): ``Gemm(Transpose(a), ...)`` toggles transA/transB.
+      4. ``gemm-transpose-a`` / ``-b`` (counted as ``-bias`` with C): ``Gemm(Transpose(a), ...)``
+         toggles transA/transB.
 
     Needs shapes (run ``infer-shapes`` first; the checks say so when they are missing). Adds the
     ``com.microsoft`` opset import when it emits FusedMatMul. Statistics: ``fused`` and per rule.

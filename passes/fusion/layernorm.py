@@ -6,29 +6,26 @@ import logging
 
 from passctl.ir import Value
 from passctl.dialect.canonical import DOMAIN
-from passctl.passes.fusion.fusion_set import FusionRuleSet, make_variants
+from passctl.passes.fusion.fusion_set import FusionRuleSet
 from passctl.passes.fusion.norm_checks import check_epsilon, check_param, check_reductions
 from passctl.passes.fusion.norm_checks import param_vector as _param
 from passctl.passes.registry import register_pass
-from passctl.passes.rewrite import AttrVar, MatchResult, RewriteRule, RuleContext, register_rule
+from passctl.passes.rewrite import AttrVar, MatchResult, Opt, Or, RewriteRule, RuleContext, register_rule
 
 logger = logging.getLogger(__name__)
 
-_VARIANTS = {"square": ("pow", "mul"), "normalize": ("div", "reciprocal"),
-             "axes": ("axes-attr", "axes-input")}
+def _mean(op, v, axes):
+    """ReduceMean over ``axes``: an attribute (opset < 18) or a second input (opset >= 18); every
+    ReduceMean of one match is written alike (the alternatives share the name ``axes``)."""
+    return Or(op.ReduceMean(v), op.ReduceMean(v, axes), name="axes", labels=("axes-attr", "axes-input"))
 
 
-def _mean(op, v, axes, axes_form):
-    """ReduceMean over ``axes``: an attribute (opset < 18) or a second input (opset >= 18)."""
-    return op.ReduceMean(v, axes) if axes_form == "axes-input" else op.ReduceMean(v)
+def _square(op, v):
+    return Or(op.Pow(v, 2.0), op.Mul(v, v), name="square", labels=("pow", "mul"))
 
 
-def _square(op, v, form):
-    return op.Pow(v, 2.0) if form == "pow" else op.Mul(v, v)
-
-
-def _normalize(op, v, std, form):
-    return op.Div(v, std) if form == "div" else op.Mul(v, op.Reciprocal(std))
+def _normalize(op, v, std):
+    return Or(op.Div(v, std), op.Mul(v, op.Reciprocal(std)), name="normalize", labels=("div", "reciprocal"))
 
 
 def _float_eps(context: RuleContext, eps: Value, what: str):
@@ -38,24 +35,28 @@ def _float_eps(context: RuleContext, eps: Value, what: str):
     return value, ok
 
 
-class _LayerNormCore(RewriteRule):
-    """Rule 1 (one per exporter variant): ``(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps)`` ->
-    ``passctl::LayerNorm(x, epsilon=eps)``.
+@register_rule
+class LayerNormDecomposed(RewriteRule):
+    """Rule 1: ``(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps)`` -> ``passctl::LayerNorm(x,
+    epsilon=eps)``.
 
-    Variants: the square as ``Pow(d, 2)`` or ``Mul(d, d)``; the division as ``Div(d, std)`` or
-    ``Mul(d, Reciprocal(std))``; ReduceMean's axes as attribute (opset < 18) or input (>= 18).
+    Alternatives (the exporters' ways; a fusion counts as ``layernorm-<square>-<normalize>-<axes>``,
+    the names of the former one-rule-per-variant classes): the square as ``Pow(d, 2)`` or
+    ``Mul(d, d)``; the division as ``Div(d, std)`` or ``Mul(d, Reciprocal(std))``; ReduceMean's axes
+    as attribute (opset < 18) or input (>= 18).
     Check: both ReduceMeans keep dims and reduce the last axis only; eps is a scalar float constant.
     Math: Ba et al. 2016 (Layer Normalization), biased variance as in ONNX LayerNormalization-17.
     """
 
+    name = "layernorm-decomposed"
+    summary = "decomposed LayerNorm -> passctl::LayerNorm (counted as layernorm-<square>-<normalize>-<axes>)"
+    variant = "layernorm-{square}-{normalize}-{axes}"
     commute = True
-    square = normalize = axes = ""
 
     def pattern(self, op, x, eps, axes1, axes2):
-        mean = _mean(op, x, axes1, self.axes)
-        d = op.Sub(x, mean)
-        var = _mean(op, _square(op, d, self.square), axes2, self.axes)
-        return _normalize(op, d, op.Sqrt(op.Add(var, eps)), self.normalize)
+        d = op.Sub(x, _mean(op, x, axes1))
+        var = _mean(op, _square(op, d), axes2)
+        return _normalize(op, d, op.Sqrt(op.Add(var, eps)))
 
     def check(self, context, x, eps, **_):
         ok = check_reductions(context, x, "LayerNorm")
@@ -68,19 +69,23 @@ class _LayerNormCore(RewriteRule):
         return op.LayerNorm(x, _domain=DOMAIN, axis=-1, epsilon=value)
 
 
-class _RMSNormCore(RewriteRule):
-    """Rule 2 (one per exporter variant): ``x / sqrt(mean(x^2) + eps)`` -> ``passctl::RMSNorm(x)``.
+@register_rule
+class RMSNormDecomposed(RewriteRule):
+    """Rule 2: ``x / sqrt(mean(x^2) + eps)`` -> ``passctl::RMSNorm(x)``.
 
-    LLaMA's ``x * rsqrt(mean(x^2) + eps)`` exports as ``Mul(x, Reciprocal(Sqrt(...)))``. Variants and
-    check as rule 1. Math: Zhang & Sennrich 2019 (Root Mean Square Layer Normalization).
+    LLaMA's ``x * rsqrt(mean(x^2) + eps)`` exports as ``Mul(x, Reciprocal(Sqrt(...)))``. Alternatives
+    (counted as ``rmsnorm-<square>-<normalize>-<axes>``) and check as rule 1. Math: Zhang & Sennrich
+    2019 (Root Mean Square Layer Normalization).
     """
 
+    name = "rmsnorm-decomposed"
+    summary = "decomposed RMSNorm -> passctl::RMSNorm (counted as rmsnorm-<square>-<normalize>-<axes>)"
+    variant = "rmsnorm-{square}-{normalize}-{axes}"
     commute = True
-    square = normalize = axes = ""
 
     def pattern(self, op, x, eps, axes1):
-        ms = _mean(op, _square(op, x, self.square), axes1, self.axes)
-        return _normalize(op, x, op.Sqrt(op.Add(ms, eps)), self.normalize)
+        ms = _mean(op, _square(op, x), axes1)
+        return _normalize(op, x, op.Sqrt(op.Add(ms, eps)))
 
     def check(self, context, x, eps, **_):
         ok = check_reductions(context, x, "RMSNorm")
@@ -93,43 +98,35 @@ class _RMSNormCore(RewriteRule):
         return op.RMSNorm(x, _domain=DOMAIN, axis=-1, epsilon=value)
 
 
-LAYERNORM_CORE = make_variants(_LayerNormCore, "layernorm", _VARIANTS,
-                               lambda c: f"decomposed LayerNorm ({', '.join(c.values())}) -> passctl::LayerNorm")
-RMSNORM_CORE = make_variants(_RMSNormCore, "rmsnorm", _VARIANTS,
-                             lambda c: f"decomposed RMSNorm ({', '.join(c.values())}) -> passctl::RMSNorm")
-
-
 def _norm_attrs():
     return {"axis": AttrVar("axis"), "epsilon": AttrVar("epsilon")}
 
 
 @register_rule
-class LayerNormScale(RewriteRule):
-    """Rule 3: ``Mul(passctl::LayerNorm(x), scale)`` -> ``passctl::LayerNorm(x, scale)``; scale must
-    broadcast to the normalized shape ``[D]`` only (``[D]``, ``[1, D]``, ``[1]``...)."""
+class NormScale(RewriteRule):
+    """Rules 3 and 4: ``Mul(passctl::LayerNorm(x), scale)`` -> ``passctl::LayerNorm(x, scale)`` and
+    ``Mul(passctl::RMSNorm(x), weight)`` -> ``passctl::RMSNorm(x, weight)`` (counted as
+    ``layernorm-scale`` / ``rmsnorm-scale``); the scale must broadcast to the normalized shape ``[D]``
+    only (``[D]``, ``[1, D]``, ``[1]``...)."""
 
-    name = "layernorm-scale"
-    summary = "Mul by a [D] scale absorbed into passctl::LayerNorm"
+    name = "norm-scale"
+    summary = "Mul by a [D] scale absorbed into passctl::LayerNorm / RMSNorm (layernorm-scale, rmsnorm-scale)"
+    aliases = ("layernorm-scale", "rmsnorm-scale")
     commute = True
-    op_type = "LayerNorm"
 
     def pattern(self, op, x, scale):
-        return op.Mul(op.op(self.op_type, x, _domain=DOMAIN, **_norm_attrs()), scale)
+        norm = Or(op.LayerNorm(x, _domain=DOMAIN, _name="norm", **_norm_attrs()),
+                  op.RMSNorm(x, _domain=DOMAIN, _name="norm", **_norm_attrs()))
+        return op.Mul(norm, scale)
 
-    def check(self, context, x, scale, **_):
-        return check_param(context, x, scale, "scale", self.op_type)[1]
+    def reported_name(self, bindings):
+        return f"{bindings['norm'].op_type.lower()}-scale"
 
-    def rewrite(self, op, x, scale, axis, epsilon):
-        return op.op(self.op_type, x, _param(op, x, scale), _domain=DOMAIN, axis=axis, epsilon=epsilon)
+    def check(self, context, x, scale, norm):
+        return check_param(context, x, scale, "scale", norm.op_type)[1]
 
-
-@register_rule
-class RMSNormScale(LayerNormScale):
-    """Rule 4: ``Mul(passctl::RMSNorm(x), weight)`` -> ``passctl::RMSNorm(x, weight)`` (as rule 3)."""
-
-    name = "rmsnorm-scale"
-    summary = "Mul by a [D] weight absorbed into passctl::RMSNorm"
-    op_type = "RMSNorm"
+    def rewrite(self, op, x, scale, norm, axis, epsilon):
+        return op.op(norm.op_type, x, _param(op, x, scale), _domain=DOMAIN, axis=axis, epsilon=epsilon)
 
 
 @register_rule
@@ -155,15 +152,20 @@ class LayerNormBias(RewriteRule):
 class LayerNormFromOnnx(RewriteRule):
     """Rule 6: standard ``LayerNormalization(x, scale[, bias])`` over the last axis, one output, fp32
     statistics (``stash_type`` 1) -> ``passctl::LayerNorm`` (the same math), so that rule 7 can fuse
-    a residual Add into it. Lowering writes it back as ``LayerNormalization``."""
+    a residual Add into it. Lowering writes it back as ``LayerNormalization``. Counted as
+    ``layernorm-from-onnx``, or ``layernorm-from-onnx-no-bias`` without a bias."""
 
     name = "layernorm-from-onnx"
     summary = "standard LayerNormalization -> passctl::LayerNorm"
+    aliases = ("layernorm-from-onnx-no-bias",)
 
     def pattern(self, op, x, scale, bias):
-        return op.LayerNormalization(x, scale, bias, axis=AttrVar("axis", default=-1),
+        return op.LayerNormalization(x, scale, Opt(bias), axis=AttrVar("axis", default=-1),
                                      epsilon=AttrVar("epsilon", default=1e-5),
                                      stash_type=AttrVar("stash_type", default=1))
+
+    def reported_name(self, bindings):
+        return self.name if bindings["bias"] is not None else "layernorm-from-onnx-no-bias"
 
     def check(self, context, x, axis, stash_type, **_):
         if len(context.root.outputs) != 1:
@@ -176,20 +178,8 @@ class LayerNormFromOnnx(RewriteRule):
         return MatchResult()
 
     def rewrite(self, op, x, scale, bias, epsilon, **_):
-        return op.LayerNorm(x, scale, bias, _domain=DOMAIN, axis=-1, epsilon=float(epsilon))
-
-
-@register_rule
-class LayerNormFromOnnxNoBias(LayerNormFromOnnx):
-    name = "layernorm-from-onnx-no-bias"
-
-    def pattern(self, op, x, scale):
-        return op.LayerNormalization(x, scale, axis=AttrVar("axis", default=-1),
-                                     epsilon=AttrVar("epsilon", default=1e-5),
-                                     stash_type=AttrVar("stash_type", default=1))
-
-    def rewrite(self, op, x, scale, epsilon, **_):
-        return op.LayerNorm(x, scale, _domain=DOMAIN, axis=-1, epsilon=float(epsilon))
+        ins = [x, scale] if bias is None else [x, scale, bias]
+        return op.LayerNorm(*ins, _domain=DOMAIN, axis=-1, epsilon=float(epsilon))
 
 
 def _same_shape(a: Value, b: Value) -> bool:
@@ -199,23 +189,29 @@ def _same_shape(a: Value, b: Value) -> bool:
     return all(x == y or (x is None and y != 1) or (y is None and x != 1) for x, y in zip(a.shape, b.shape))
 
 
-class _SkipLayerNorm(RewriteRule):
-    """Rule 7: ``passctl::LayerNorm(Add(Add(x, bias), skip), ...)`` (``with_bias``) or
-    ``passctl::LayerNorm(Add(x, skip), ...)`` -> ``passctl::SkipLayerNorm(x, skip, scale, B, bias)``.
+@register_rule
+class SkipLayerNorm(RewriteRule):
+    """Rule 7: ``passctl::LayerNorm(Add(Add(x, bias), skip), ...)`` or ``passctl::LayerNorm(Add(x,
+    skip), ...)`` -> ``passctl::SkipLayerNorm(x, skip, scale, B, bias)``.
 
-    One variant per LayerNorm arity (``x``; ``x, scale``; ``x, scale, B``). Check: x and skip have the
+    Alternatives: with or without the bias Add, and the LayerNorm's arity (``x``; ``x, scale``;
+    ``x, scale, B``); counted as ``skip-layernorm-<bias|nobias>-<arity>``. Check: x and skip have the
     same shape (a residual connection), bias broadcasts to ``[D]``. The Add's output must have no
     other consumer (the rule engine refuses that match: a pre-norm residual stream keeps its Add).
     """
 
+    name = "skip-layernorm"
+    summary = ("residual Add (+ bias Add) + passctl::LayerNorm -> passctl::SkipLayerNorm "
+               "(counted as skip-layernorm-<bias|nobias>-<arity>)")
+    variant = "skip-layernorm-{with_bias}-{arity}"
     commute = True
-    arity = "1"
-    bias = ""
 
     def pattern(self, op, x, skip, bias, scale, beta):
-        s = op.Add(op.Add(x, bias), skip) if self.bias == "bias" else op.Add(x, skip)
-        params = [scale, beta][: int(self.arity) - 1]
-        return op.LayerNorm(s, *params, _domain=DOMAIN, **_norm_attrs())
+        s = Or(op.Add(op.Add(x, bias), skip), op.Add(x, skip), name="with_bias", labels=("bias", "nobias"))
+        return Or(op.LayerNorm(s, _domain=DOMAIN, **_norm_attrs()),
+                  op.LayerNorm(s, scale, _domain=DOMAIN, **_norm_attrs()),
+                  op.LayerNorm(s, scale, beta, _domain=DOMAIN, **_norm_attrs()),
+                  name="arity", labels=("1", "2", "3"))
 
     def check(self, context, x, skip, bias=None, **_):
         if not _same_shape(x, skip):
@@ -231,12 +227,6 @@ class _SkipLayerNorm(RewriteRule):
         while ins[-1] is None:
             ins.pop()
         return op.SkipLayerNorm(*ins, _domain=DOMAIN, epsilon=epsilon)
-
-
-SKIP_LAYERNORM = make_variants(_SkipLayerNorm, "skip-layernorm", {"bias": ("bias", "nobias"),
-                                                                  "arity": ("1", "2", "3")},
-                               lambda c: "residual Add (+ bias Add) + passctl::LayerNorm -> "
-                                         "passctl::SkipLayerNorm")
 
 
 @register_rule
@@ -260,33 +250,36 @@ class RMSNormCastIn(RewriteRule):
         return op.RMSNorm(x, _domain=DOMAIN, axis=axis, epsilon=epsilon)
 
 
-_FAMILIES = {**{r.name: "layernorm" for r in LAYERNORM_CORE},
-             **{r.name: "rmsnorm" for r in RMSNORM_CORE},
-             **{r.name: "skip_layernorm" for r in SKIP_LAYERNORM},
-             **{r.name: "from_onnx" for r in (LayerNormFromOnnx, LayerNormFromOnnxNoBias)}}
+_FAMILIES = {**{n: "layernorm" for n in LayerNormDecomposed().variant_names()},
+             **{n: "rmsnorm" for n in RMSNormDecomposed().variant_names()},
+             **{n: "skip_layernorm" for n in SkipLayerNorm().variant_names()},
+             **{n: "from_onnx" for n in ("layernorm-from-onnx", "layernorm-from-onnx-no-bias")}}
 
 
 @register_pass
 class FuseLayerNorm(FusionRuleSet):
     """LayerNorm, SkipLayerNorm and RMSNorm from their decomposed forms, as canonical passctl ops.
 
-    Rules (see each class): 1 ``layernorm-*`` (8 variants), 2 ``rmsnorm-*`` (8 variants),
-    3 ``layernorm-scale``, 4 ``rmsnorm-scale``, 5 ``layernorm-bias``, 6 ``layernorm-from-onnx``,
-    7 ``skip-layernorm-*`` (6 variants), 8 ``rmsnorm-cast-noop``. The rules build up the fused op
-    step by step (core, then scale, then bias, then residual), so a model's scale or bias that does not
-    broadcast to ``[D]`` leaves a correct LayerNorm without it, and ``passctl explain RULE`` says why.
-    The output is canonical (``passctl::`` ops, :mod:`passctl.passes.fusion.canonical`): run
+    Rules (see each class): 1 ``layernorm-decomposed`` (8 variants as alternatives), 2
+    ``rmsnorm-decomposed`` (8), 3 and 4 ``norm-scale``, 5 ``layernorm-bias``, 6
+    ``layernorm-from-onnx``, 7 ``skip-layernorm`` (6), 8 ``rmsnorm-cast-noop``. The rules build up the
+    fused op step by step (core, then scale, then bias, then residual), so a model's scale or bias
+    that does not broadcast to ``[D]`` leaves a correct LayerNorm without it, and ``passctl explain
+    RULE`` says why (the variant names, e.g. ``layernorm-pow-div-axes-attr``, name their rule there).
+    The output is canonical (``passctl::`` ops, :mod:`passctl.dialect.canonical`): run
     ``lower-onnxruntime`` or ``lower-standard`` before emitting.
 
     Statistics: ``layernorm`` (decomposed LayerNorms fused), ``rmsnorm``, ``skip_layernorm`` (residual
-    Adds fused), ``from_onnx`` (standard LayerNormalization adopted), and the count per rule.
+    Adds fused), ``from_onnx`` (standard LayerNormalization adopted), and the count per variant
+    (``layernorm-pow-div-axes-attr``, ``layernorm-scale``, ``skip-layernorm-bias-3``, ...).
     """
 
     name = "fuse-layernorm"
     summary = "Fuse decomposed LayerNorm / SkipLayerNorm / RMSNorm into canonical passctl ops"
-    RULES = (*LAYERNORM_CORE, *RMSNORM_CORE, LayerNormScale, RMSNormScale, LayerNormBias,
-             LayerNormFromOnnx, LayerNormFromOnnxNoBias, *SKIP_LAYERNORM, RMSNormCastIn)
+    RULES = (LayerNormDecomposed, RMSNormDecomposed, NormScale, LayerNormBias, LayerNormFromOnnx,
+             SkipLayerNorm, RMSNormCastIn)
     FAMILIES = _FAMILIES
 
 
-__all__ = ["FuseLayerNorm", "LAYERNORM_CORE", "RMSNORM_CORE", "SKIP_LAYERNORM"]
+__all__ = ["FuseLayerNorm", "LayerNormDecomposed", "LayerNormFromOnnx", "NormScale", "RMSNormDecomposed",
+           "SkipLayerNorm"]

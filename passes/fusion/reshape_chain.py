@@ -10,7 +10,7 @@ import numpy as np
 from passctl.ir import Model, Value
 from passctl.passes.base import PassResult
 from passctl.passes.registry import register_pass
-from passctl.passes.rewrite import AttrVar, MatchResult, RewriteRule, RuleContext, RuleSet, register_rule
+from passctl.passes.rewrite import AttrVar, MatchResult, Or, RewriteRule, RuleContext, RuleSet, register_rule
 
 logger = logging.getLogger(__name__)
 
@@ -140,28 +140,41 @@ def _norm_axes(axes, rank: Optional[int]) -> Optional[List[int]]:
     return sorted(int(a) + rank if int(a) < 0 else int(a) for a in np.asarray(axes).reshape(-1))
 
 
-class _PairRule(RewriteRule):
+class PairRule(RewriteRule):
     """Unsqueeze(Squeeze(x, A), A) and Squeeze(Unsqueeze(x, A), A) -> Identity(x).
 
-    ``outer_input`` / ``inner_input``: axes given as an input (opset >= 13) or as an attribute
-    (opset < 13, or a Squeeze without axes). Axes are compared after normalizing negative values:
-    Squeeze's against rank r of x (and Unsqueeze's against the output rank, also r); Unsqueeze's
-    against r + k (and Squeeze's against the same rank, its input). (ONNX Squeeze-13 / Unsqueeze-13.)
+    One rule object per inner op (``squeeze-unsqueeze``, ``unsqueeze-squeeze``). Each op's axes are
+    an input (opset >= 13) or an attribute (opset < 13, or a Squeeze without axes), as alternatives
+    named ``inner`` / ``outer``; a match counts as ``<inner op>-<outer op>-<inner form>-<outer form>``
+    (``squeeze-unsqueeze-input-attr``, ...: the former rule names, aliases of these). Axes are
+    compared after normalizing negative values: Squeeze's against rank r of x (and Unsqueeze's
+    against the output rank, also r); Unsqueeze's against r + k (and Squeeze's against the same
+    rank, its input). (ONNX Squeeze-13 / Unsqueeze-13.)
+
+    Args:
+        inner_op: ``"Squeeze"`` or ``"Unsqueeze"``.
     """
 
-    inner_op, outer_op = "Squeeze", "Unsqueeze"
-    inner_input = outer_input = True
+    def __init__(self, inner_op: str):
+        self.inner_op = inner_op
+        self.outer_op = "Unsqueeze" if inner_op == "Squeeze" else "Squeeze"
+        self.name = f"{inner_op.lower()}-{self.outer_op.lower()}"
+        self.variant = self.name + "-{inner}-{outer}"
+        self.summary = f"{self.outer_op}({inner_op}(x, axes), axes) -> x"
+        super().__init__()
 
     def pattern(self, op, x, a_in, a_out):
-        inner = (op.op(self.inner_op, x, a_in) if self.inner_input
-                 else op.op(self.inner_op, x, axes=AttrVar("axes_in")))
-        return (op.op(self.outer_op, inner, a_out) if self.outer_input
-                else op.op(self.outer_op, inner, axes=AttrVar("axes_out")))
+        inner = Or(op.op(self.inner_op, x, a_in), op.op(self.inner_op, x, axes=AttrVar("axes_in")),
+                   name="inner", labels=("input", "attr"))
+        return Or(op.op(self.outer_op, inner, a_out), op.op(self.outer_op, inner, axes=AttrVar("axes_out")),
+                  name="outer", labels=("input", "attr"))
 
-    def check(self, context: RuleContext, x, a_in=None, a_out=None, axes_in=None, axes_out=None):
-        inner = context.constant(a_in) if self.inner_input else axes_in
-        outer = context.constant(a_out) if self.outer_input else axes_out
-        if (self.inner_input and inner is None) or (self.outer_input and outer is None):
+    def check(self, context: RuleContext, x, inner, outer, a_in=None, a_out=None, axes_in=None,
+              axes_out=None):
+        inner_input, outer_input = inner == "input", outer == "input"
+        inner = context.constant(a_in) if inner_input else axes_in
+        outer = context.constant(a_out) if outer_input else axes_out
+        if (inner_input and inner is None) or (outer_input and outer is None):
             return MatchResult().fail("axes are not constant")
         rank = _rank(x)
         if rank is None:
@@ -189,22 +202,13 @@ class _PairRule(RewriteRule):
                                       "do not cancel")
         return MatchResult()
 
-    def rewrite(self, op, x):
+    def rewrite(self, op, x, **_):
         return op.Identity(x)
 
 
-def _pair_rule(inner_op: str, inner_input: bool, outer_input: bool) -> type:
-    outer_op = "Unsqueeze" if inner_op == "Squeeze" else "Squeeze"
-    form = lambda b: "input" if b else "attr"  # noqa: E731
-    name = f"{inner_op.lower()}-{outer_op.lower()}-{form(inner_input)}-{form(outer_input)}"
-    return register_rule(type(f"Pair_{name.replace('-', '_')}", (_PairRule,), {
-        "name": name, "inner_op": inner_op, "outer_op": outer_op, "inner_input": inner_input,
-        "outer_input": outer_input, "__module__": __name__,
-        "summary": f"{outer_op}({inner_op}(x, axes), axes) -> x"}))
-
-
-PAIR_RULES = tuple(_pair_rule(op, i, o) for op in ("Squeeze", "Unsqueeze") for i in (True, False)
-                   for o in (True, False))
+squeeze_unsqueeze = register_rule(PairRule("Squeeze"))
+unsqueeze_squeeze = register_rule(PairRule("Unsqueeze"))
+PAIR_RULES = (squeeze_unsqueeze, unsqueeze_squeeze)
 RULES = (ReshapeReshape, TransposeTranspose) + PAIR_RULES
 
 
@@ -212,14 +216,15 @@ RULES = (ReshapeReshape, TransposeTranspose) + PAIR_RULES
 class FuseReshapeChains(RuleSet):
     """Collapse layout-only op chains (a rule set; standard ONNX, any target).
 
-    Rules (stat keys are the rule names):
+    Rules (stat keys are the rule names, or the variant names where said):
       1. ``reshape-reshape``: ``Reshape(Reshape(x, s1), s2)`` -> ``Reshape(x, s)``, respecting
          ``allowzero`` (see :func:`collapsed_shape`; refuses, with the reason, when a copied 0 cannot
          be translated).
       2. ``transpose-transpose``: two Transposes -> one (perm ``p1[p2]``), or ``Identity`` when the
          composition is the identity.
-      3. ``squeeze-unsqueeze-*`` / ``unsqueeze-squeeze-*``: pairs with the same (normalized) axes ->
-         ``Identity`` (axes as input or attribute).
+      3. ``squeeze-unsqueeze`` / ``unsqueeze-squeeze`` (counted as ``squeeze-unsqueeze-<inner
+         axes>-<outer axes>``, each ``input`` or ``attr``): pairs with the same (normalized) axes ->
+         ``Identity``.
 
     Identity nodes are left for ``eliminate-identity``. Statistics: ``fused`` and per rule.
     """

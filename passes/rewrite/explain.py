@@ -19,7 +19,8 @@ def explain(rule: Union[str, RewriteRule, Type[RewriteRule]], model: Model, limi
     best partial match and the reason it stopped. Never mutates the model.
 
     Args:
-        rule: a registered rule name, a rule class or a rule object.
+        rule: a registered rule name (or an alias: a variant's or former name), a rule class or
+            a rule object.
         model: the model to inspect.
         limit: most anchors listed (the best first); the rest are counted.
 
@@ -29,24 +30,29 @@ def explain(rule: Union[str, RewriteRule, Type[RewriteRule]], model: Model, limi
     Raises:
         UserError: an unknown rule name (with the closest names).
     """
+    asked = None
     if isinstance(rule, str):
         from passctl.passes.rewrite.ruleset import get_rule
 
+        asked = rule
         rule = get_rule(rule)
     if isinstance(rule, type):
         rule = rule()
     tracer = MatchTracer()
-    domain, op_type = rule.root_op
+    op_types = {op_type for _, op_type in rule.root_ops}
+    op_type = " / ".join(dict.fromkeys(op_type for _, op_type in rule.root_ops))
     size = rule.matcher.size
     anchors = 0
     for g in model.graphs():
         for node in g:
-            if node.op_type != op_type:
+            if node.op_type not in op_types:
                 continue
             anchors += 1
             for score, reason, where, m, _ in rule.attempts(node, model):
                 tracer.record(rule, node, score, reason, where, m)
     lines = [f"rule '{rule.name}': {rule.describe_pattern()}"]
+    if asked is not None and asked != rule.name:
+        lines.insert(0, f"'{asked}' is a variant (or former name) of rule '{rule.name}'")
     if not anchors:
         lines.append(f"no {op_type} node in the model, so the pattern's root op never appears")
         return "\n".join(lines)

@@ -1,9 +1,10 @@
-"""Patterns written as ordinary op calls (``op.Add(op.MatMul(x, w), b)``) and the matcher."""
+"""Patterns as op calls (``op.Add(op.MatMul(x, w), b)``), alternatives (``a | b``), optional inputs."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -13,7 +14,18 @@ from passctl.ir import Node, Value
 COMMUTATIVE_OPS = frozenset({"Add", "Mul", "And", "Or", "Xor", "Equal", "Max", "Min", "Sum", "Mean"})
 
 
-class ValuePattern:
+class _Alternatives:
+    """``a | b`` on pattern inputs makes an :class:`OrPattern` (mixed into the input kinds)."""
+
+    def __or__(self, other) -> "OrPattern":
+        left = self.alternatives if isinstance(self, OrPattern) and self.name is None else [self]
+        return OrPattern([*left, _as_input(other)])
+
+    def __ror__(self, other) -> "OrPattern":
+        return OrPattern([_as_input(other), self])
+
+
+class ValuePattern(_Alternatives):
     """A pattern variable: matches any value and binds it under ``name`` (same name, same value)."""
 
     def __init__(self, name: str):
@@ -21,6 +33,81 @@ class ValuePattern:
 
     def __repr__(self):
         return f"%{self.name}"
+
+
+class OrPattern(_Alternatives):
+    """Alternatives: the first sub-pattern that matches (in order; the matcher backtracks into the
+    next one when the rest of the pattern fails). ``Pow(d, 2) | Mul(d, d)`` builds one.
+
+    With ``name``, ``check`` / ``rewrite`` / :attr:`RewriteRule.variant` receive the label of the
+    alternative that matched (``labels[i]``, or its index ``i`` when no labels are given). Several
+    Ors of one name must choose the same label in a match (``ReduceMean`` axes written alike twice).
+    """
+
+    def __init__(self, alternatives: Sequence[Any], name: Optional[str] = None,
+                 labels: Optional[Sequence[str]] = None):
+        self.alternatives = [_as_input(a) for a in alternatives]
+        if len(self.alternatives) < 2 or any(a is None or isinstance(a, OptionalPattern)
+                                             for a in self.alternatives):
+            raise TypeError(f"Or needs two or more sub-patterns (none omitted or optional), got "
+                            f"{alternatives!r}")
+        if labels is not None and len(labels) != len(self.alternatives):
+            raise TypeError(f"Or: {len(labels)} labels for {len(self.alternatives)} alternatives")
+        self.name = name
+        self.labels = list(labels) if labels is not None else list(range(len(self.alternatives)))
+
+    def items(self) -> List[Tuple[Any, Any]]:
+        """``(label, sub-pattern)`` per alternative, in matching order."""
+        return list(zip(self.labels, self.alternatives))
+
+    def __repr__(self):
+        return "(" + " | ".join(repr(a) for a in self.alternatives) + ")"
+
+
+def Or(*alternatives, name: Optional[str] = None, labels: Optional[Sequence[str]] = None) -> OrPattern:
+    """Alternatives of sub-patterns (see :class:`OrPattern`); ``Or(a, b)`` is ``a | b``.
+
+    Args:
+        *alternatives: two or more op outputs, variables, constants (Python numbers) or Ors.
+        name: bind the label of the alternative that matched under this name.
+        labels: one label per alternative (default: the indexes 0, 1, ...).
+
+    Returns:
+        The :class:`OrPattern`, usable wherever an op input or the pattern's root is.
+
+    Raises:
+        TypeError: fewer than two alternatives, an omitted one, or a label count that differs.
+
+    Note: ``op.Or(a, b)`` is the ONNX logical ``Or`` op; this function is the pattern alternative.
+    """
+    return OrPattern(alternatives, name, labels)
+
+
+class OptionalPattern:
+    """An input that may be omitted (an empty name or past the node's last input): the variable
+    inside is then bound to ``None``; a present input must match the inner pattern."""
+
+    def __init__(self, inner):
+        inner = _as_input(inner)
+        if inner is None or isinstance(inner, OptionalPattern):
+            raise TypeError(f"Opt: unsupported inner pattern {inner!r}")
+        self.inner = inner
+
+    def __repr__(self):
+        return f"{self.inner!r}?"
+
+
+def Opt(inner) -> OptionalPattern:
+    """An optional input (see :class:`OptionalPattern`): ``op.Conv(x, w, Opt(b))`` matches Conv with
+    or without a bias, ``b`` being ``None`` without one.
+
+    Args:
+        inner: the pattern a present input must match (usually a variable).
+
+    Returns:
+        The :class:`OptionalPattern`.
+    """
+    return OptionalPattern(inner)
 
 
 @dataclass
@@ -81,7 +168,7 @@ def constant_close(arr: np.ndarray, value, rtol: float) -> bool:
         return False
 
 
-class ConstantPattern:
+class ConstantPattern(_Alternatives):
     """Matches a constant (initializer or ``Constant`` node output) equal to ``value`` within
     ``rtol`` (numpy broadcasting: a scalar matches a tensor whose elements all equal it). With
     ``rtol > 0`` the tolerance is at least the rounding of the constant's own floating dtype
@@ -95,7 +182,7 @@ class ConstantPattern:
         return f"const({self.value.tolist()})"
 
 
-class NodeOutput:
+class NodeOutput(_Alternatives):
     """Output ``index`` of a :class:`NodePattern`."""
 
     def __init__(self, node: "NodePattern", index: int):
@@ -105,12 +192,27 @@ class NodeOutput:
         return f"{self.node.op_type}#{self.node.id}[{self.index}]"
 
 
-PatternInput = Union[ValuePattern, NodeOutput, ConstantPattern, None]
+PatternInput = Union[ValuePattern, NodeOutput, ConstantPattern, OrPattern, OptionalPattern, None]
+_INPUT_KINDS = (ValuePattern, NodeOutput, ConstantPattern, OrPattern, OptionalPattern)
+
+
+def _as_input(x):
+    """A pattern input from what a rule wrote: Python numbers / arrays become constants."""
+    if isinstance(x, (int, float, np.ndarray, list)) and not isinstance(x, bool):
+        return ConstantPattern(x)
+    if x is not None and not isinstance(x, _INPUT_KINDS):
+        raise TypeError(f"unsupported pattern input {x!r}")
+    return x
 
 
 @dataclass(eq=False)
 class NodePattern:
-    """One op of a pattern: op type, domain, input patterns and attribute constraints."""
+    """One op of a pattern: op type, domain, input patterns and attribute constraints.
+
+    ``bind``: the name under which ``check`` / ``rewrite`` receive the matched graph node (its
+    attributes through ``node.attr(...)``). ``other_inputs``: the node may have more inputs than the
+    pattern lists (they are not matched).
+    """
 
     op_type: str
     domain: str
@@ -119,6 +221,8 @@ class NodePattern:
     num_outputs: int
     id: int
     outputs: List[NodeOutput] = field(default_factory=list)
+    bind: str = ""
+    other_inputs: bool = False
 
     def describe(self) -> str:
         return f"{self.op_type}" if self.domain in ("", "ai.onnx") else f"{self.domain}::{self.op_type}"
@@ -128,9 +232,11 @@ class PatternBuilder:
     """The ``op`` given to a rule's ``pattern``: ``op.Conv(x, w, group=AttrVar("g"))``.
 
     Special keywords: ``_domain`` (operator domain), ``_outputs`` (number of outputs; a tuple is
-    returned when > 1). Other keywords are attribute constraints: a plain value must equal the
-    node's attribute, an :class:`AttrVar` binds it. Python numbers as inputs become
-    :class:`ConstantPattern`.
+    returned when > 1), ``_name`` (bind the matched node under that name for ``check`` and
+    ``rewrite``), ``_other_inputs`` (``True``: inputs after the listed ones are allowed and not
+    matched). Other keywords are attribute constraints: a plain value must equal the node's
+    attribute, an :class:`AttrVar` binds it. Python numbers as inputs become
+    :class:`ConstantPattern`; inputs may be :func:`Or` alternatives and :func:`Opt` optional inputs.
     """
 
     def __init__(self):
@@ -140,45 +246,79 @@ class PatternBuilder:
         if op_type.startswith("_"):
             raise AttributeError(op_type)
 
-        def make(*inputs, _domain: str = "", _outputs: int = 1, **attributes):
-            return self.op(op_type, *inputs, _domain=_domain, _outputs=_outputs, **attributes)
+        def make(*inputs, _domain: str = "", _outputs: int = 1, _name: str = "",
+                 _other_inputs: bool = False, **attributes):
+            return self.op(op_type, *inputs, _domain=_domain, _outputs=_outputs, _name=_name,
+                           _other_inputs=_other_inputs, **attributes)
 
         return make
 
-    def op(self, op_type: str, *inputs, _domain: str = "", _outputs: int = 1, **attributes):
-        ins: List[PatternInput] = []
-        for x in inputs:
-            if isinstance(x, (int, float, np.ndarray, list)) and not isinstance(x, bool):
-                x = ConstantPattern(x)
-            if x is not None and not isinstance(x, (ValuePattern, NodeOutput, ConstantPattern)):
-                raise TypeError(f"pattern {op_type}: unsupported input {x!r}")
-            ins.append(x)
-        node = NodePattern(op_type, _domain, ins, dict(attributes), _outputs, len(self.nodes))
+    def op(self, op_type: str, *inputs, _domain: str = "", _outputs: int = 1, _name: str = "",
+           _other_inputs: bool = False, **attributes):
+        try:
+            ins: List[PatternInput] = [_as_input(x) for x in inputs]
+        except TypeError as e:
+            raise TypeError(f"pattern {op_type}: {e}") from None
+        node = NodePattern(op_type, _domain, ins, dict(attributes), _outputs, len(self.nodes),
+                           bind=_name, other_inputs=_other_inputs)
         node.outputs = [NodeOutput(node, i) for i in range(_outputs)]
         self.nodes.append(node)
         return node.outputs[0] if _outputs == 1 else tuple(node.outputs)
 
 
-@dataclass
-class Match:
-    """A structural match: pattern node id -> graph node, variable bindings, attribute bindings."""
+def pattern_nodes(root: PatternInput, choice: Optional[Dict[int, int]] = None) -> List[NodePattern]:
+    """The pattern ops reachable from ``root``: through every alternative, or, with ``choice``
+    (``id(OrPattern)`` -> alternative index, 0 when missing), through the chosen ones only."""
+    seen: Dict[int, NodePattern] = {}
+    stack = [root]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, OptionalPattern):
+            stack.append(x.inner)
+        elif isinstance(x, OrPattern):
+            if choice is None:
+                stack.extend(x.alternatives)
+            else:
+                stack.append(x.alternatives[choice.get(id(x), 0)])
+        elif isinstance(x, NodeOutput) and x.node.id not in seen:
+            seen[x.node.id] = x.node
+            stack.extend(x.node.inputs)
+    return list(seen.values())
 
-    nodes: Dict[int, Node] = field(default_factory=dict)
-    values: Dict[str, Value] = field(default_factory=dict)
-    attrs: Dict[str, Any] = field(default_factory=dict)
 
-    def copy(self) -> "Match":
-        return Match(dict(self.nodes), dict(self.values), dict(self.attrs))
+def or_patterns(root: PatternInput) -> List[OrPattern]:
+    """Every :class:`OrPattern` reachable from ``root`` (through every alternative)."""
+    out: Dict[int, OrPattern] = {}
+    stack = [root]
+    seen = set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OptionalPattern):
+            stack.append(x.inner)
+        elif isinstance(x, OrPattern):
+            out[id(x)] = x
+            stack.extend(x.alternatives)
+        elif isinstance(x, NodeOutput):
+            stack.extend(x.node.inputs)
+    return list(out.values())
 
 
-@dataclass
-class Failure:
-    """Why matching stopped: how many pattern nodes matched, the reason, the graph node concerned."""
-
-    matched: int
-    reason: str
-    node: Optional[Node] = None
-    partial: Optional[Match] = None
+def pattern_size(root: PatternInput) -> int:
+    """The most pattern ops one full match can hold (over every choice of alternatives; the count of
+    all reachable ops when there are too many choices to enumerate)."""
+    ors = or_patterns(root)
+    combos = 1
+    for o in ors:
+        combos *= len(o.alternatives)
+    if combos > 4096:
+        return len(pattern_nodes(root))
+    best = 0
+    for pick in itertools.product(*(range(len(o.alternatives)) for o in ors)):
+        best = max(best, len(pattern_nodes(root, {id(o): i for o, i in zip(ors, pick)})))
+    return best
 
 
 def constant_value(v: Optional[Value]) -> Optional[np.ndarray]:
@@ -204,138 +344,6 @@ def constant_value(v: Optional[Value]) -> Optional[np.ndarray]:
     return None
 
 
-class Matcher:
-    """Matches a pattern (a root :class:`NodePattern`) at a graph node, backtracking over the
-    input orders of commutative ops when ``commute`` is set. Never mutates the graph."""
-
-    def __init__(self, root: NodePattern, commute: bool = False):
-        self.root = root
-        self.commute = commute
-        self.size = len(self._reachable(root))
-
-    @staticmethod
-    def _reachable(root: NodePattern) -> List[NodePattern]:
-        seen: Dict[int, NodePattern] = {}
-        stack = [root]
-        while stack:
-            n = stack.pop()
-            if n.id in seen:
-                continue
-            seen[n.id] = n
-            stack.extend(x.node for x in n.inputs if isinstance(x, NodeOutput))
-        return list(seen.values())
-
-    def iter_matches(self, node: Node) -> Iterator[Match]:
-        """Every structural match of the pattern rooted at ``node`` (several only through commuted
-        inputs). After the generator ends, :attr:`best` holds the deepest failure seen."""
-        self.best = Failure(0, "not tried", node)
-        yield from self._node(self.root, node, Match())
-
-    def match(self, node: Node) -> Tuple[Optional[Match], Failure]:
-        """The first structural match at ``node`` and the best failure (``match`` None on failure)."""
-        for m in self.iter_matches(node):
-            return m, self.best
-        return None, self.best
-
-    def _fail(self, m: Match, reason: str, node: Optional[Node]) -> None:
-        if len(m.nodes) >= self.best.matched or self.best.reason == "not tried":
-            self.best = Failure(len(m.nodes), reason, node, m.copy())
-
-    def _node(self, p: NodePattern, node: Node, m: Match):
-        """Generate every extension of ``m`` in which ``p`` matches ``node``."""
-        if p.id in m.nodes:
-            if m.nodes[p.id] is node:
-                yield m
-            else:
-                self._fail(m, f"{p.describe()} is reached twice but through different nodes", node)
-            return
-        if node in m.nodes.values():
-            self._fail(m, f"{_label(node)} would match two different pattern ops", node)
-            return
-        if node.op_type != p.op_type or node.domain not in ((p.domain,) if p.domain not in ("", "ai.onnx")
-                                                             else ("", "ai.onnx")):
-            self._fail(m, f"expected {p.describe()}, found {_label(node)}", node)
-            return
-        ins = list(node.inputs)
-        while ins and ins[-1] is None:
-            ins.pop()
-        want = list(p.inputs)
-        while want and want[-1] is None:
-            want.pop()
-        if len(ins) != len(want):
-            self._fail(m, f"{_label(node)} has {len(ins)} inputs, the pattern's {p.describe()} has "
-                          f"{len(want)}", node)
-            return
-        m = m.copy()
-        for key, want_attr in p.attributes.items():
-            got = node.attr(key)
-            if isinstance(want_attr, AttrVar):
-                got = want_attr.default if got is None else got
-                if want_attr.check is not None and not want_attr.check(got):
-                    wants = want_attr.describe or callable_text(want_attr.check)
-                    self._fail(m, f"attribute {key}={got!r} of {_label(node)} fails the "
-                                  f"constraint (the pattern wants {wants})", node)
-                    return
-                if want_attr.name in m.attrs and m.attrs[want_attr.name] != got:
-                    self._fail(m, f"attribute {key} of {_label(node)} differs from the bound "
-                                  f"'{want_attr.name}'", node)
-                    return
-                m.attrs[want_attr.name] = got
-            elif got != want_attr and not (isinstance(want_attr, (list, tuple)) and got == tuple(want_attr)):
-                self._fail(m, f"attribute {key} of {_label(node)} is {got!r}, the pattern wants "
-                              f"{want_attr!r}", node)
-                return
-        m.nodes[p.id] = node
-        orders = [want]
-        if self.commute and p.op_type in COMMUTATIVE_OPS and len(want) == 2:
-            orders.append([want[1], want[0]])
-        for order in orders:
-            yield from self._inputs(order, ins, 0, m, node)
-
-    def _inputs(self, want: List[PatternInput], ins: List[Optional[Value]], i: int, m: Match, node: Node):
-        if i == len(want):
-            yield m
-            return
-        pat, val = want[i], ins[i]
-        if pat is None:
-            if val is None:
-                yield from self._inputs(want, ins, i + 1, m, node)
-            else:
-                self._fail(m, f"input {i} of {_label(node)} should be omitted", node)
-            return
-        if val is None:
-            self._fail(m, f"input {i} of {_label(node)} is omitted", node)
-            return
-        if isinstance(pat, ValuePattern):
-            bound = m.values.get(pat.name)
-            if bound is not None and bound is not val:
-                self._fail(m, f"'{pat.name}' is bound to '{bound.name}' but input {i} of {_label(node)} "
-                              f"is '{val.name}'", node)
-                return
-            m2 = m.copy()
-            m2.values[pat.name] = val
-            yield from self._inputs(want, ins, i + 1, m2, node)
-        elif isinstance(pat, ConstantPattern):
-            arr = constant_value(val)
-            if arr is None:
-                self._fail(m, f"input {i} of {_label(node)} ('{val.name}') is not a constant", node)
-                return
-            if not constant_close(arr, pat.value, pat.rtol):
-                self._fail(m, f"input {i} of {_label(node)} is not the constant {pat.value.tolist()}", node)
-                return
-            yield from self._inputs(want, ins, i + 1, m, node)
-        else:
-            producer = val.producer
-            if producer is None or val.index != pat.index:
-                what = "a graph input or initializer" if producer is None else f"output {val.index} of " \
-                       f"{_label(producer)}"
-                self._fail(m, f"input {i} of {_label(node)} ('{val.name}') is {what}, the pattern wants "
-                              f"{pat.node.describe()}", node)
-                return
-            for m2 in self._node(pat.node, producer, m):
-                yield from self._inputs(want, ins, i + 1, m2, node)
-
-
 def node_label(node: Node) -> str:
     """How reports name a node: ``Conv 'conv1'``, or ``Conv <from Conv@3>`` for a nameless node
     (its provenance), or the bare op type."""
@@ -346,8 +354,7 @@ def node_label(node: Node) -> str:
     return node.op_type
 
 
-_label = node_label
 
-
-__all__ = ["AttrVar", "COMMUTATIVE_OPS", "ConstantPattern", "Failure", "Match", "Matcher", "NodeOutput",
-           "NodePattern", "PatternBuilder", "ValuePattern", "constant_value", "node_label"]
+__all__ = ["AttrVar", "COMMUTATIVE_OPS", "ConstantPattern", "NodeOutput", "NodePattern", "Opt",
+           "OptionalPattern", "Or", "OrPattern", "PatternBuilder", "ValuePattern", "constant_value",
+           "node_label", "pattern_nodes", "pattern_size"]

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
 
-from passctl.ir import Builder, Graph, Model, Node, Value
-from passctl.passes.rewrite.pattern import (Match, Matcher, NodeOutput, NodePattern, PatternBuilder,
-                                            ValuePattern, constant_value, node_label)
+from passctl.ir import Model, Node, Value
+from passctl.passes.rewrite.context import MatchResult, RewriterBuilder, RuleContext, call_with_bindings
+from passctl.passes.rewrite.matcher import Match, Matcher
+from passctl.passes.rewrite.pattern import (NodeOutput, NodePattern, OptionalPattern, OrPattern,
+                                            PatternBuilder, ValuePattern, node_label, or_patterns,
+                                            pattern_nodes)
 
 logger = logging.getLogger(__name__)
 
@@ -18,103 +22,42 @@ logger = logging.getLogger(__name__)
 BLOCKED, CHECK_FAILED, APPLIED = 1, 2, 3
 
 
-class MatchResult:
-    """Outcome of a rule's ``check``: true on success; ``fail(reason, node)`` marks a failure.
-
-    Example: ``return MatchResult().fail("weight of Conv must be a constant", node)``.
-    """
-
-    def __init__(self):
-        self.success = True
-        self.reason = ""
-        self.node: Optional[Node] = None
-
-    def fail(self, reason: str = "", node: Optional[Node] = None) -> "MatchResult":
-        """Mark failure with a human-readable ``reason`` (and the node it concerns); returns self."""
-        self.success, self.reason, self.node = False, reason, node
-        return self
-
-    def __bool__(self):
-        return self.success
-
-    def __repr__(self):
-        return "MatchResult(ok)" if self.success else f"MatchResult(failed: {self.reason})"
-
-
-@dataclass
-class RuleContext:
-    """What ``check`` sees besides the bindings: the model, graph, the matched root and nodes."""
-
-    model: Optional[Model]
-    graph: Graph
-    root: Node
-    nodes: List[Node]
-
-    @staticmethod
-    def constant(value: Optional[Value]):
-        """The numpy array of a constant value (initializer or Constant node), else None."""
-        return constant_value(value)
-
-
-class RewriterBuilder:
-    """The ``op`` given to ``rewrite``: ``op.Gemm(x, w, b, transB=1)``, ``op.constant(array)``.
-
-    Keywords ``_domain`` and ``_outputs`` as in the pattern builder; other keywords are attributes.
-    Nodes are collected, not inserted: the rule hands them to ``Graph.replace_nodes``.
-    """
-
-    def __init__(self, graph: Graph):
-        self.builder = Builder(graph, insert=False)
-        self.graph = graph
-
-    def __getattr__(self, op_type: str):
-        if op_type.startswith("_"):
-            raise AttributeError(op_type)
-
-        def make(*inputs, _domain: str = "", _outputs: int = 1, **attrs):
-            return self.builder.op(op_type, *inputs, domain=_domain, outputs=_outputs, **attrs)
-
-        return make
-
-    def op(self, op_type: str, *inputs, _domain: str = "", _outputs: int = 1, **attrs):
-        return self.builder.op(op_type, *inputs, domain=_domain, outputs=_outputs, **attrs)
-
-    def constant(self, array, name: str = "") -> Value:
-        """A new initializer holding ``array`` (numpy array or Tensor)."""
-        return self.graph.add_constant(array, name)
-
-    @property
-    def nodes(self) -> List[Node]:
-        return self.builder.nodes
-
-
-def _call(fn, first, bindings: Dict[str, Any]):
-    params = inspect.signature(fn).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return fn(first, **bindings)
-    return fn(first, **{k: v for k, v in bindings.items() if k in params})
-
-
 class RewriteRule:
     """Base class of rewrite rules.
 
     Subclasses set ``name`` (kebab-case) and implement:
 
     - ``pattern(self, op, x, w, ...)``: ops on the pattern builder; each parameter after ``op`` is a
-      variable bound to the matched value of that name. Returns the root op's output(s).
+      variable bound to the matched value of that name. Returns the root op's output(s), or an
+      :func:`~passctl.passes.rewrite.pattern.Or` of root op outputs (one rule, several root ops).
+      Besides variables: ``a | b`` alternatives, :func:`~passctl.passes.rewrite.pattern.Opt`
+      optional inputs, ``_name="n"`` to receive the matched node, ``_other_inputs=True``.
     - ``check(self, context, **bindings) -> MatchResult`` (optional): must not mutate; fail with a
-      reason. Bindings are the variables plus :class:`AttrVar` names.
+      reason. Bindings are the variables (``None`` for an omitted optional input; a variable of an
+      alternative that did not match is absent), :class:`AttrVar` names, ``_name`` nodes and the
+      labels of named alternatives. ``MatchResult(key=value)`` hands values on to ``rewrite``.
     - ``rewrite(self, op, **bindings)``: builds the replacement; returns the value(s) that replace
-      the root op's outputs, in order.
+      the root op's outputs, in order. Gets the bindings and the check result's values.
 
     ``commute = True`` also tries swapped inputs of commutative ops (Add, Mul, ...).
+    ``variant``: a format string over the bindings (``"layernorm-{square}"``) naming what a match
+    counts as in the statistics (default: ``name``); :meth:`reported_name` may compute it instead.
+    ``aliases``: other names ``get_rule`` / ``passctl explain`` accept for the rule (old names of
+    variants folded into it); the names ``variant`` can produce are added by ``register_rule``.
     A match whose intermediate value (an output of a matched op other than the root) is used
     outside the match, or is a graph output, is blocked (the tracer records why).
+
+    A rule may be a subclass (registered with ``@register_rule``) or an instance of a parametrized
+    rule class (``pattern_1 = register_rule(AttentionPattern(...))``); calling an instance returns
+    it, so the registry's entries are all used as ``entry()``.
     """
 
-    name: ClassVar[str] = ""
-    summary: ClassVar[str] = ""
+    # Class attributes of a subclass, or set per object in a parametrized rule's __init__.
+    name: str = ""
+    summary: str = ""
     commute: ClassVar[bool] = False
+    variant: str = ""
+    aliases: Tuple[str, ...] = ()
 
     def __init__(self):
         if not self.name:
@@ -123,15 +66,30 @@ class RewriteRule:
         params = list(inspect.signature(self.pattern).parameters)[1:]
         self.variables = {p: ValuePattern(p) for p in params}
         out = self.pattern(op, *self.variables.values())
-        outs = out if isinstance(out, tuple) else (out,)
-        if not outs or not all(isinstance(o, NodeOutput) for o in outs):
-            raise TypeError(f"rule '{self.name}': pattern() must return op outputs, got {out!r}")
-        root = outs[0].node
-        if any(o.node is not root for o in outs) or [o.index for o in outs] != list(range(len(outs))):
-            raise TypeError(f"rule '{self.name}': the pattern must return the outputs of one root op, "
-                            "in order")
-        self.root: NodePattern = root
-        self.matcher = Matcher(root, commute=self.commute)
+        if isinstance(out, OrPattern):
+            roots = _root_outputs(out)
+            if roots is None:
+                raise TypeError(f"rule '{self.name}': the alternatives of the pattern's root must be "
+                                f"outputs of single-output ops, got {out!r}")
+            self.root_pattern = out
+            self.root: NodePattern = roots[0].node
+            self._root_ops = tuple(dict.fromkeys((o.node.domain, o.node.op_type) for o in roots))
+        else:
+            outs = out if isinstance(out, tuple) else (out,)
+            if not outs or not all(isinstance(o, NodeOutput) for o in outs):
+                raise TypeError(f"rule '{self.name}': pattern() must return op outputs, got {out!r}")
+            root = outs[0].node
+            if any(o.node is not root for o in outs) or [o.index for o in outs] != list(range(len(outs))):
+                raise TypeError(f"rule '{self.name}': the pattern must return the outputs of one root op, "
+                                "in order")
+            self.root = root
+            self.root_pattern = root.outputs[0]
+            self._root_ops = ((root.domain, root.op_type),)
+        self.matcher = Matcher(self.root_pattern, commute=self.commute)
+
+    def __call__(self) -> "RewriteRule":
+        """The rule itself: instances stand in the registry where classes do (``entry()``)."""
+        return self
 
     def pattern(self, op, *args):
         raise NotImplementedError
@@ -142,24 +100,70 @@ class RewriteRule:
     def rewrite(self, op, **bindings):
         raise NotImplementedError
 
+    def reported_name(self, bindings: Dict[str, Any]) -> str:
+        """The name an application counts under in the statistics: ``variant`` formatted with the
+        bindings (and the check result's values), else ``name``."""
+        return self.variant.format_map(bindings) if self.variant else self.name
+
+    def variant_names(self) -> List[str]:
+        """Every name ``variant`` can produce from the labels of the named alternatives (empty
+        without ``variant``, or when it also uses a value the check computes)."""
+        if not self.variant:
+            return []
+        named = {}
+        for o in or_patterns(self.root_pattern):
+            if o.name:
+                named.setdefault(o.name, o.labels)
+        keys = list(named)
+        out = []
+        for combo in itertools.product(*(named[k] for k in keys)):
+            try:
+                out.append(self.variant.format_map(dict(zip(keys, combo))))
+            except (KeyError, IndexError):
+                return []
+        return list(dict.fromkeys(out))
+
     @property
     def root_op(self) -> Tuple[str, str]:
-        return self.root.domain, self.root.op_type
+        """``(domain, op_type)`` of the root op (the first alternative's with an Or at the root)."""
+        return self._root_ops[0]
+
+    @property
+    def root_ops(self) -> Tuple[Tuple[str, str], ...]:
+        """``(domain, op_type)`` of every op the pattern's root can be (one without alternatives)."""
+        return self._root_ops
 
     def describe_pattern(self) -> str:
-        """The pattern as text, e.g. ``Add(MatMul(%x, %w), %b)``."""
+        """The pattern as text, e.g. ``Add(MatMul(%x, %w), %b)``; alternatives as ``(a | b)``, an
+        optional input as ``%b?``, further inputs allowed as ``...``. An op the pattern reaches
+        from several places is written out once, tagged ``Sub#1(...)``, then referred to as ``Sub#1``."""
+        uses: Dict[int, int] = {}
+        for n in pattern_nodes(self.root_pattern):
+            for i in n.inputs:
+                for o in _outputs_in(i):
+                    uses[o.node.id] = uses.get(o.node.id, 0) + 1
+        tags: Dict[int, str] = {}
 
         def fmt(x) -> str:
             if x is None:
                 return "_"
+            if isinstance(x, OrPattern):
+                return "(" + " | ".join(fmt(a) for a in x.alternatives) + ")"
+            if isinstance(x, OptionalPattern):
+                return f"{fmt(x.inner)}?"
             if isinstance(x, NodeOutput):
-                inner = ", ".join(fmt(i) for i in x.node.inputs)
-                attrs = "".join(f", {k}={v!r}" for k, v in x.node.attributes.items())
                 idx = f"[{x.index}]" if x.node.num_outputs > 1 else ""
-                return f"{x.node.describe()}({inner}{attrs}){idx}"
+                if x.node.id in tags:
+                    return tags[x.node.id] + idx
+                head = x.node.describe()
+                if uses.get(x.node.id, 0) > 1:
+                    tags[x.node.id] = head = f"{head}#{len(tags) + 1}"
+                inner = ", ".join([fmt(i) for i in x.node.inputs] + (["..."] if x.node.other_inputs else []))
+                attrs = "".join(f", {k}={v!r}" for k, v in x.node.attributes.items())
+                return f"{head}({inner}{attrs}){idx}"
             return repr(x)
 
-        return fmt(self.root.outputs[0])
+        return fmt(self.root_pattern)
 
     def attempts(self, node: Node, model: Optional[Model] = None
                  ) -> Iterator[Tuple[int, str, Optional[Node], Optional[Match], Dict[str, Any]]]:
@@ -172,19 +176,20 @@ class RewriteRule:
             found = True
             matched = list(m.nodes.values())
             blocked = _extra_consumer(matched, node)
-            bindings = dict(m.values)
-            bindings.update(m.attrs)
+            bindings = m.bindings()
             if blocked is not None:
                 yield size + BLOCKED, blocked[0], blocked[1], m, bindings
                 continue
             ctx = RuleContext(model, node.graph, node, matched)
-            res = _call(self.check, ctx, bindings)
+            res = call_with_bindings(self.check, ctx, bindings)
             if isinstance(res, MatchResult) and not res:
                 yield size + CHECK_FAILED, f"check failed: {res.reason}", res.node, m, bindings
                 continue
             if res is False:
                 yield size + CHECK_FAILED, "check failed (no reason given)", None, m, bindings
                 continue
+            if isinstance(res, MatchResult) and res.values:
+                bindings = {**bindings, **res.values}
             yield size + APPLIED, "matches", None, m, bindings
             return
         if not found:
@@ -205,12 +210,13 @@ class RewriteRule:
     def _replace(self, root: Node, m: Match, bindings: Dict[str, Any]) -> "Replacement":
         graph = root.graph
         op = RewriterBuilder(graph)
-        out = _call(self.rewrite, op, bindings)
+        out = call_with_bindings(self.rewrite, op, bindings)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != len(root.outputs) or not all(isinstance(v, Value) for v in outs):
             raise TypeError(f"rule '{self.name}': rewrite() must return {len(root.outputs)} Value(s) "
                             f"replacing the outputs of {root.op_type}, got {out!r}")
         new_nodes = op.nodes
+        name = self.reported_name(bindings)
         created = {id(o) for n in new_nodes for o in n.outputs}
         for old, new in zip(root.outputs, outs):
             if id(new) in created and new.type is None:
@@ -220,7 +226,7 @@ class RewriteRule:
         # replaced nodes would then be read before its definition: the caller re-sorts the graph.
         needs_sort = any(v is not None and v.producer in between for n in new_nodes for v in n.inputs)
         graph.replace_nodes(old_nodes, new_nodes, list(root.outputs), outs)
-        return Replacement(old_nodes, new_nodes, needs_sort)
+        return Replacement(old_nodes, new_nodes, needs_sort, name)
 
     def __repr__(self):
         return f"<rule {self.name}: {self.describe_pattern()}>"
@@ -256,10 +262,39 @@ def _in_graph_order(nodes: List[Node], root: Node) -> Tuple[List[Node], set]:
     return order[::-1], between
 
 
+def _outputs_in(pat) -> List[NodeOutput]:
+    """The op outputs a pattern input refers to directly (through alternatives and Opt)."""
+    if isinstance(pat, NodeOutput):
+        return [pat]
+    if isinstance(pat, OptionalPattern):
+        return _outputs_in(pat.inner)
+    if isinstance(pat, OrPattern):
+        return [o for a in pat.alternatives for o in _outputs_in(a)]
+    return []
+
+
+def _root_outputs(pat) -> Optional[List[NodeOutput]]:
+    """The op outputs an Or at a pattern's root can be (nested Ors flattened), or None when one of
+    them is not the only output of an op."""
+    if isinstance(pat, OrPattern):
+        out: List[NodeOutput] = []
+        for alt in pat.alternatives:
+            sub = _root_outputs(alt)
+            if sub is None:
+                return None
+            out.extend(sub)
+        return out
+    if isinstance(pat, NodeOutput) and pat.node.num_outputs == 1:
+        return [pat]
+    return None
+
+
 @dataclass
 class Replacement:
-    """One application of a rule: the nodes replaced, the nodes created, whether a sort is needed."""
+    """One application of a rule: the nodes replaced, the nodes created, whether a sort is needed,
+    and the name it counts under (:meth:`RewriteRule.reported_name`)."""
 
     old_nodes: List[Node]
     new_nodes: List[Node]
     needs_sort: bool = False
+    name: str = ""

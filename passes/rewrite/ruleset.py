@@ -17,29 +17,61 @@ from passctl.passes.rewrite.tracer import MatchTracer
 
 logger = logging.getLogger(__name__)
 
-_RULES: Dict[str, Type[RewriteRule]] = {}
+RuleEntry = Union[Type[RewriteRule], RewriteRule]
+
+_RULES: Dict[str, RuleEntry] = {}
+# Old or variant name -> registered rule name (``passctl explain OLDNAME`` keeps working).
+_ALIASES: Dict[str, str] = {}
 
 
-def register_rule(cls: Type[RewriteRule]) -> Type[RewriteRule]:
-    """Class decorator registering a :class:`RewriteRule` subclass under ``cls.name``.
+def _origin(rule: RuleEntry) -> tuple:
+    cls = rule if isinstance(rule, type) else type(rule)
+    return cls.__module__, cls.__qualname__
+
+
+def register_rule(rule: RuleEntry) -> RuleEntry:
+    """Register a rewrite rule under its ``name``: a :class:`RewriteRule` subclass (as a class
+    decorator) or an instance of one (a module-level rule object: ``r = register_rule(Rule(...))``).
+
+    The rule's ``aliases`` and the statistics names its ``variant`` can produce are registered as
+    other names of it (for :func:`get_rule` and ``passctl explain``).
+
+    Returns:
+        ``rule`` itself.
 
     Raises:
-        TypeError: not a RewriteRule subclass or no name.
-        ValueError: another class already has that name.
+        TypeError: not a RewriteRule subclass or instance, or no name.
+        ValueError: another rule already has that name.
     """
-    if not (isinstance(cls, type) and issubclass(cls, RewriteRule)) or not cls.name:
-        raise TypeError(f"register_rule: {cls!r} must be a RewriteRule subclass with a name")
-    old = _RULES.get(cls.name)
-    if old is not None and old is not cls and (old.__module__, old.__qualname__) != (
-            cls.__module__, cls.__qualname__):
-        raise ValueError(f"register_rule: rule '{cls.name}' is already registered by "
-                         f"{old.__module__}.{old.__qualname__}")
-    _RULES[cls.name] = cls
-    return cls
+    is_class = isinstance(rule, type) and issubclass(rule, RewriteRule)
+    if not (is_class or isinstance(rule, RewriteRule)) or not rule.name:
+        raise TypeError(f"register_rule: {rule!r} must be a RewriteRule subclass or instance with a name")
+    old = _RULES.get(rule.name)
+    if old is not None and old is not rule and (isinstance(old, type) != is_class or
+                                                _origin(old) != _origin(rule)):
+        module, qualname = _origin(old)
+        raise ValueError(f"register_rule: rule '{rule.name}' is already registered by {module}.{qualname}")
+    _RULES[rule.name] = rule
+    names = list(rule.aliases)
+    if rule.variant:
+        names += (rule() if is_class else rule).variant_names()
+    for alias in names:
+        if alias != rule.name and alias not in _RULES:
+            _ALIASES[alias] = rule.name
+    return rule
 
 
-def get_rule(name: str) -> Type[RewriteRule]:
-    """The rule class registered as ``name`` (built-in pass modules are imported first).
+def resolve_rule_name(name: str) -> Optional[str]:
+    """The registered rule name for ``name`` (itself, or the rule an alias stands for); None."""
+    if name in _RULES:
+        return name
+    target = _ALIASES.get(name)
+    return target if target in _RULES else None
+
+
+def get_rule(name: str) -> RuleEntry:
+    """The rule registered as ``name`` or under the alias ``name`` (an old or variant name), a class
+    or a rule object (built-in pass modules are imported first).
 
     Raises:
         UserError: unknown rule; suggests the closest names.
@@ -47,9 +79,10 @@ def get_rule(name: str) -> Type[RewriteRule]:
     from passctl.passes.registry import _ensure_loaded
 
     _ensure_loaded()
-    if name in _RULES:
-        return _RULES[name]
-    close = difflib.get_close_matches(name, sorted(_RULES), n=3)
+    found = resolve_rule_name(name)
+    if found is not None:
+        return _RULES[found]
+    close = difflib.get_close_matches(name, sorted(_RULES) + sorted(_ALIASES), n=3)
     hint = ("did you mean " + " or ".join(f"'{c}'" for c in close) + "?") if close else (
         f"{len(_RULES)} rules are registered; `passctl list-rules` lists them with their patterns")
     raise UserError(f"unknown rewrite rule '{name}'; {hint}")
@@ -71,8 +104,9 @@ def natural_key(name: str) -> tuple:
     return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), name
 
 
-def list_rules() -> List[Type[RewriteRule]]:
-    """All registered rule classes, by name in natural order (:func:`natural_key`)."""
+def list_rules() -> List[RuleEntry]:
+    """All registered rules (classes and rule objects; ``entry()`` gives a rule object of either),
+    by name in natural order (:func:`natural_key`). Aliases are not listed."""
     from passctl.passes.registry import _ensure_loaded
 
     _ensure_loaded()
@@ -95,7 +129,8 @@ class RuleSet(Pass):
     """Applies rewrite rules as one pass; ``stats`` counts applications per rule name.
 
     At every node (main graph, subgraphs, function bodies, in order) the rules whose root op type
-    is the node's are tried in list order; the first that fires wins. Sweeps repeat until one
+    is the node's (any of a rule's root alternatives) are tried in list order; the first that fires
+    wins. An application counts under the rule's reported name (its ``variant``, else its name). Sweeps repeat until one
     changes nothing or ``max_sweeps`` ran. A graph whose rewrites read a value defined between the
     replaced nodes is re-sorted topologically once at the end.
 
@@ -110,7 +145,7 @@ class RuleSet(Pass):
     summary = "apply rewrite rules"
     Options = RuleSetOptions
 
-    def __init__(self, rules: Sequence[Union[RewriteRule, Type[RewriteRule]]] = (), options=None,
+    def __init__(self, rules: Sequence[RuleEntry] = (), options=None,
                  name: Optional[str] = None, tracer: Optional[MatchTracer] = None, **kwargs):
         super().__init__(options, **kwargs)
         if name is not None:
@@ -122,7 +157,8 @@ class RuleSet(Pass):
         counts: Dict[str, int] = {}
         by_op: Dict[str, List[RewriteRule]] = {}
         for r in self.rules:
-            by_op.setdefault(r.root_op[1], []).append(r)
+            for _, op_type in r.root_ops:
+                by_op.setdefault(op_type, []).append(r)
         for sweep in range(self.options.max_sweeps):
             changed = False
             for graph in model.graphs():
@@ -134,7 +170,8 @@ class RuleSet(Pass):
                         rep = rule.apply(node, model, self.tracer)
                         if rep is None:
                             continue
-                        counts[rule.name] = counts.get(rule.name, 0) + 1
+                        key = rep.name or rule.name
+                        counts[key] = counts.get(key, 0) + 1
                         changed = True
                         needs_sort |= rep.needs_sort
                         break
@@ -148,9 +185,10 @@ class RuleSet(Pass):
         return PassResult(bool(counts), counts)
 
 
-def register_rule_set(pass_name: str, rules: Sequence[Union[str, Type[RewriteRule]]],
+def register_rule_set(pass_name: str, rules: Sequence[Union[str, RuleEntry]],
                       summary: str) -> Type[Pass]:
-    """Register a pass ``pass_name`` that applies ``rules`` (names or classes) as a :class:`RuleSet`.
+    """Register a pass ``pass_name`` that applies ``rules`` (names, classes or rule objects) as a
+    :class:`RuleSet`.
 
     Returns:
         The new Pass subclass (registered with :func:`register_pass`).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from passctl.ir import Node
-from passctl.passes.rewrite.pattern import Match
+from passctl.passes.rewrite.matcher import Match
 from passctl.passes.rewrite.rule import RewriteRule
 
 Entry = Tuple[int, str, Optional[Node], Node, Optional[Match]]

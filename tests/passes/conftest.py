@@ -22,9 +22,11 @@ def _verify_each_always():
 def _restore_registries():
     """Dummy passes and rules registered by a test do not leak into the next one."""
     registry._ensure_loaded()
-    passes, rules = dict(registry._PASSES), dict(ruleset._RULES)
+    passes, rules, aliases = dict(registry._PASSES), dict(ruleset._RULES), dict(ruleset._ALIASES)
     yield
     registry._PASSES.clear()
     registry._PASSES.update(passes)
     ruleset._RULES.clear()
     ruleset._RULES.update(rules)
+    ruleset._ALIASES.clear()
+    ruleset._ALIASES.update(aliases)
