@@ -22,26 +22,30 @@ def add_parser(sub) -> None:
     p.add_argument("--target", "-t", default="cpu",
                    help="target profile: expands groups and reaches target-dependent passes "
                         "(default: cpu)")
+    p.add_argument("--emit", default=None, metavar="EMITTER",
+                   help="expand groups as for this emitter (onnxruntime | tvm | tensorrt; "
+                        "default: the target's), e.g. `-p fuse --emit tvm` lowers to standard ONNX")
     p.add_argument("--verify-each", action="store_true", help="run the verifier after each pass")
     p.add_argument("--load", action="append", default=[], metavar="FILE.py",
                    help="import a Python file that registers passes (repeatable)")
 
 
-def pipeline_passes(pipeline: str, target: str = "cpu") -> List[Pass]:
-    """The passes of ``pipeline``, groups expanded for ``target`` and its default emitter (as
-    ``passctl compile`` expands them).
+def pipeline_passes(pipeline: str, target: str = "cpu", emit: Optional[str] = None) -> List[Pass]:
+    """The passes of ``pipeline``, groups expanded for ``target`` and the emitter ``emit`` (default:
+    the target's), as ``passctl compile`` expands them.
 
     Raises:
-        UserError: the pipeline is empty or does not parse, or the target is unknown.
+        UserError: the pipeline is empty or does not parse, or the target or emitter is unknown.
     """
     from passctl.passes import build_pipeline
-    from passctl.targets import get_target
+    from passctl.targets import get_emitter, get_target
 
     if not pipeline.strip():
         raise UserError("the pipeline is empty: give passes, e.g. -p cleanup (`passctl show` "
                         "prints a model without running any)")
     profile = get_target(target)
-    return build_pipeline(pipeline, profile.name, profile.default_emitter)
+    emitter = get_emitter(emit or profile.default_emitter)
+    return build_pipeline(pipeline, profile.name, emitter.name)
 
 
 def optimize(model: Model, passes: Sequence[Pass], verify_each: bool = False,
@@ -76,7 +80,7 @@ def optimize(model: Model, passes: Sequence[Pass], verify_each: bool = False,
 
 
 def opt_text(model_spec: str, pipeline: str, target: str = "cpu", verify_each: bool = False,
-             plugins: Sequence[str] = ()) -> str:
+             plugins: Sequence[str] = (), emit: Optional[str] = None) -> str:
     """Load ``model_spec``, run ``pipeline`` on it and return the IR text after it.
 
     Args:
@@ -85,6 +89,7 @@ def opt_text(model_spec: str, pipeline: str, target: str = "cpu", verify_each: b
         target: target profile name.
         verify_each: verify the IR after every pass.
         plugins: Python files that register passes (``--load``).
+        emit: the emitter whose group expansion to use (default: the target's).
 
     Returns:
         The text ``print_model`` writes (small constants inline, large ones as references to the
@@ -99,7 +104,7 @@ def opt_text(model_spec: str, pipeline: str, target: str = "cpu", verify_each: b
 
     for path in plugins:
         load_plugin_file(path)
-    passes = pipeline_passes(pipeline, target)  # pipeline errors before the model loads
+    passes = pipeline_passes(pipeline, target, emit)  # pipeline errors before the model loads
     model, path = load_model(model_spec)
     return print_model(optimize(model, passes, verify_each, path))
 
@@ -114,7 +119,8 @@ def main(args, stdout=None) -> int:
 
     out = sys.stdout if stdout is None else stdout
     try:
-        text = opt_text(args.model, args.pipeline, args.target, args.verify_each, args.load)
+        text = opt_text(args.model, args.pipeline, args.target, args.verify_each, args.load,
+                        args.emit)
     except (PassFailure, VerifyError) as e:
         if isinstance(e, VerifyError) and e.pass_name is None:
             raise UserError(f"{args.model}: {e}") from e
