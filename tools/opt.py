@@ -52,7 +52,8 @@ def optimize(model: Model, passes: Sequence[Pass], verify_each: bool = False,
              source: str = "<model>") -> Model:
     """Verify ``model`` and run ``passes`` on it in place, as ``passctl opt`` does.
 
-    Unlike ``passctl compile`` no final ``dce`` runs: the result is exactly the pipeline's.
+    Unlike ``passctl compile`` no final ``dce`` runs (the result is exactly the pipeline's) and
+    calibrating passes get no input sizes from the emitter (give them ``dims=`` in the pipeline).
 
     Args:
         model: the model (changed in place).
@@ -96,8 +97,9 @@ def opt_text(model_spec: str, pipeline: str, target: str = "cpu", verify_each: b
         source file when unchanged, else hex), ending with a newline.
 
     Raises:
-        UserError: as :func:`pipeline_passes` and :func:`optimize`; or the file is missing or does not parse (the parser's
-            ``file:line:column: message``), or a plugin does not load.
+        UserError: as :func:`pipeline_passes` and :func:`optimize`; or the file is missing or
+            does not parse (the parser's ``file:line:column: message``), or a plugin does not
+            load.
     """
     from passctl.passes import load_plugin_file
     from passctl.tools.model_source import load_model
@@ -110,10 +112,18 @@ def opt_text(model_spec: str, pipeline: str, target: str = "cpu", verify_each: b
 
 
 def main(args, stdout=None) -> int:
-    """Run ``passctl opt`` for parsed ``args``; write the IR text to ``stdout``; return the exit code.
+    """Run ``passctl opt`` for parsed ``args`` and write the IR text to ``stdout``.
 
-    A pass that raises, or breaks the IR under ``--verify-each``, is an internal error: one line on
-    stderr, exit 3 (user errors propagate to the CLI, which exits 2).
+    Args:
+        args: the parsed command line (see :func:`add_parser`).
+        stdout: where the text goes (default ``sys.stdout``).
+
+    Returns:
+        0, or 3 when a pass raised or broke the IR under ``--verify-each`` (an internal error,
+        said in one line on stderr).
+
+    Raises:
+        UserError: bad arguments, file or model (the CLI prints it in one line and exits 2).
     """
     from passctl.passes import PassFailure, VerifyError
 
@@ -131,6 +141,6 @@ def main(args, stdout=None) -> int:
     return EXIT_OK
 
 
-def _first_line(e: BaseException, default: Optional[str] = None) -> str:
+def _first_line(e: BaseException) -> str:
     text = str(e).strip()
-    return text.splitlines()[0] if text else (default or type(e).__name__)
+    return text.splitlines()[0] if text else type(e).__name__

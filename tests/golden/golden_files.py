@@ -1,4 +1,4 @@
-"""Golden files of ``passctl opt``: read, run, compare, numeric check, and regenerate (``--update``).
+"""Golden files of ``passctl opt``: read, run, compare, check numerically, regenerate (--update).
 
 A golden file is IR text (``.pir``) that ``passctl opt`` reads as it is: the header, the expected
 section and every other annotation are ``#`` comments. See tests/golden/README.md::
