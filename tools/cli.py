@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERNAL_ERROR = 0, 2, 3
 SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-rules", "list-targets",
-               "run")
+               "run", "opt")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -192,9 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(names for explain)")
     lr.add_argument("--load", action="append", default=[], metavar="FILE.py")
     sub.add_parser("list-targets", help="target profiles")
-    from passctl.tools import run_artifact
+    from passctl.tools import opt, run_artifact
 
     run_artifact.add_parser(sub)
+    opt.add_parser(sub)
     return parser
 
 
@@ -310,6 +311,10 @@ def _dispatch(args, argv: List[str], console) -> int:
         from passctl.tools import run_artifact
 
         return run_artifact.main(args, console)
+    elif args.command == "opt":
+        from passctl.tools import opt
+
+        return opt.main(args)
     return EXIT_OK
 
 
