@@ -1,5 +1,5 @@
-# RUN: passctl opt %s -p quantize{budget=1.0,samples=2,seed=0} --target cpu
-# CATCHES: static int8 QDQ on the cpu target (ONNX Runtime's U8S8 form): the MatMul weight stored as
+# RUN: passctl opt %s -p quantize{budget=1.0,samples=2,seed=0} --target cpu-vnni
+# CATCHES: static int8 QDQ on a cpu target with VNNI (ONNX Runtime's U8S8 form, 8-bit weights; named so the golden holds on any machine): the MatMul weight stored as
 #   int8 constants with symmetric per-output-channel scales (axis 1) and zero point 0, the
 #   activation as uint8 with zero point 128, the scale values (calibrated on seeded random feeds
 #   of the graph input alone: numpy draws, the same on any machine), and QDQ only around the
