@@ -43,15 +43,18 @@ def _check(out) -> dict:
 
 
 def test_a_budget_below_the_default_rtol_bounds_its_metric(cli, convs, tmp_path):
-    # cosine 5e-5 is below DEFAULT_RTOL 1e-4: the check used to fall back to max-rel 1e-4 (rc 3)
+    # cosine 9e-5 is below DEFAULT_RTOL 1e-4: the check used to fall back to max-rel 1e-4 (rc 3).
+    # cpu-avx2's form (7-bit weights) runs exactly on any CPU, so one int8 layer meets 9e-5 on
+    # every machine (the all-int8 graph measures 1.45e-4)
     out = tmp_path / "out"
-    r = cli(convs, "--pipeline", "quantize{metric=cosine,budget=5e-5}", "--check", "-o", out)
+    r = cli(convs, "--pipeline", "quantize{metric=cosine,budget=9e-5}", "--target", "cpu-avx2",
+            "--check", "-o", out)
     assert r.rc == 0, r.err
-    assert "the check accepts cosine error 5e-05, the quantize pass's budget" in r.out
+    assert "the check accepts cosine error 9e-05, the quantize pass's budget" in r.out
     check, want = _check(out), _errors(convs, out)
-    assert check["metric"] == "cosine" and check["rtol"] == 5e-5 and check["ok"]
+    assert check["metric"] == "cosine" and check["rtol"] == 9e-5 and check["ok"]
     assert check["metric_error"] == pytest.approx(want["cosine"], rel=1e-6)
-    assert check["bounds"] == [{"metric": "cosine", "rtol": 5e-5, "source": "quantize-int8",
+    assert check["bounds"] == [{"metric": "cosine", "rtol": 9e-5, "source": "quantize-int8",
                                 "ok": True, "error": check["metric_error"]}]
     assert want["max-rel"] > 1e-4  # int8 did happen: the old max-rel 1e-4 bound fails it
 
