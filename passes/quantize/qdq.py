@@ -131,7 +131,11 @@ def apply_qdq(model: Model, layers: Iterable[QuantLayer], act_scales: Mapping[st
     activation (scale ``act_scales[name]``), built before the first quantized consumer. Bias inputs
     (Conv's B, Gemm's C) stay float32. With ``outputs``, the layer's first output is quantized too
     (its readers get the fake-quantized copy; a graph output is left as is): ONNX Runtime's QDQ
-    node units ``DQ -> Conv/MatMul/Gemm -> Q`` become QLinearConv / QLinearMatMul / QGemm. TensorRT
+    node units ``DQ -> Conv/MatMul/Gemm -> Q`` become QLinearConv / QLinearMatMul / QGemm; and
+    every later reader of a quantized data input reads its fake-quantized copy too (a ResNet skip
+    connection reads the block input as the Conv does), so a Relu before the QuantizeLinear has
+    no other reader and is dropped, and ``DQ, DQ -> Add -> Q`` becomes ONNX Runtime's QLinearAdd
+    (its own quantizer writes the same; ResNet-50 on an AVX2 EPYC: 1.66x fp32 instead of 1.46x). TensorRT
     (explicit quantization) folds the input-side patterns into its int8 kernels.
 
     Returns:
@@ -151,6 +155,12 @@ def apply_qdq(model: Model, layers: Iterable[QuantLayer], act_scales: Mapping[st
             if x not in shared:
                 shared[x] = fake_quantized(b, x, act_scales[x.name], unsigned, _nonneg(act_scales, x))
                 added += 2
+                if outputs:  # cpu form: every later reader takes the int8 copy (docstring)
+                    order = {n: k for k, n in enumerate(graph)}
+                    dq = shared[x].producer
+                    for reader, i in x.uses():
+                        if order.get(reader, -1) > order[dq]:
+                            reader.set_input(i, shared[x])
             node.set_input(layer.data_index, shared[x])
         old = node.inputs[layer.weight_index]
         node.set_input(layer.weight_index, dequantized_weight(b, layer, cache))
