@@ -189,22 +189,12 @@ class Matcher:
         if val is None:
             self._fail(m, f"input {i} of {node_label(node)} is omitted", node)
             return
-        if isinstance(pat, ValuePattern):
-            bound = m.values.get(pat.name)
-            if bound is not None and bound is not val:
-                self._fail(m, f"'{pat.name}' is bound to '{bound.name}' but input {i} of {node_label(node)} "
-                              f"is '{val.name}'", node)
-                return
-            m2 = m.copy()
-            m2.values[pat.name] = val
+        for m2 in self._value(pat, val, i, m, node):
             yield from self._inputs(want, ins, i + 1, m2, node)
-        else:
-            for m2 in self._value(pat, val, i, m, node):
-                yield from self._inputs(want, ins, i + 1, m2, node)
 
     def _value(self, pat: PatternInput, val: Value, i: int, m: Match, node: Node):
         """Every extension of ``m`` in which the (present) input ``i`` of ``node``, ``val``, matches
-        ``pat``: a constant, an op output or alternatives (variables are handled by the caller)."""
+        ``pat``: a variable, a constant, an op output or alternatives."""
         if isinstance(pat, ValuePattern):
             bound = m.values.get(pat.name)
             if bound is not None and bound is not val:
