@@ -128,6 +128,12 @@ def check(c: Candidate, opset: int, any_scale: bool = False) -> Tuple[Optional[P
         return _fail(f"Q, K^T, V ranks are {rank(c.q)}, {rank(c.kt)}, {rank(c.v)}; the canonical "
                      "attention takes rank-4 [B, H, S, D] operands", c.softmax)
     q, k, v = Operand(c.q, None, 1, "Q"), key_operand(c.kt), value_operand(c.v)
+    if k.n_rep != v.n_rep:
+        # NOTE: K and V must be taken at the same level: K's repeat_kv followed and V's not (or the
+        # reverse) once gave K 4 heads, V 2 and kv_num_heads 4 (issue 15, case 12). Both are then
+        # taken as multiplied (already repeated, kv_num_heads = num_heads): exact, KV read H times.
+        k = Operand(c.kt, (0, 1, 3, 2), 1, f"K^T as multiplied (V repeat_kv x{v.n_rep}, K x{k.n_rep})")
+        v = Operand(c.v, None, 1, "V as multiplied")
     for name, op in (("Q", q), ("K", k), ("V", v)):
         why = _check_layout(name, op)
         if why:
@@ -138,7 +144,7 @@ def check(c: Candidate, opset: int, any_scale: bool = False) -> Tuple[Optional[P
         return _fail(f"Q's heads / head size {_fmt([qd[1]])} / {_fmt([qd[3]])} are not static (run "
                      "infer-shapes; fix the input shapes)", c.softmax)
     kh, vh = k.heads(), v.heads()
-    if kh is None or vh is None or kh * k.n_rep != vh * v.n_rep:
+    if kh is None or vh is None or kh != vh or k.n_rep != v.n_rep:
         return _fail(f"K and V head counts differ or are not static (K {kh} x{k.n_rep}, V {vh} "
                      f"x{v.n_rep})", c.softmax)
     kv_heads, kv_num_heads = kh * k.n_rep, kh
@@ -177,7 +183,7 @@ def check(c: Candidate, opset: int, any_scale: bool = False) -> Tuple[Optional[P
         if why:
             return _fail(why, c.softmax)
         plan.fill = float(fill.reshape(-1)[0])
-        plan.mask_kind, plan.mask = ("boolean" if math.isinf(plan.fill) else "additive"), c.mask
+        plan.mask_kind, plan.mask = "boolean", c.mask
     if plan.mask is not None:
         plan.is_causal = mask_is_causal(plan.mask)
     return plan, MatchResult()
