@@ -26,8 +26,8 @@ SCHEMA = CanonicalOp(
      "nan_to_zero": "int 0/1: a fully masked row gives 0 instead of NaN (transformers' "
                     "Where(IsNaN(p), 0, p) after Softmax)"},
     "Q [B, H, S, D], K [B, Hkv, T, D], V [B, Hkv, T, Dv] (BHSD layout); with K and V heads repeated "
-    "to H: Y = softmax(mask(scale * Q.K^T), axis=-1) . V (mask: + Mask, or Where(Mask, s, mask_fill)), Y [B, H, S, Dv] in Q's element type; Mask "
-    "broadcasts to [B, H, S, T]",
+    "to H: Y = softmax(mask(scale * Q.K^T), axis=-1) . V (mask(s): s + Mask, or Where(Mask, s, "
+    "mask_fill)), Y [B, H, S, Dv] in Q's element type; Mask broadcasts to [B, H, S, T]",
     "Vaswani et al. 2017 (scaled dot-product attention); ONNX Attention-23 (same inputs, is_causal, "
     "scale, kv heads by shape, softmax_precision); torch scaled_dot_product_attention")
 

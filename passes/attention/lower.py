@@ -302,8 +302,8 @@ def group_query_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     kv_num_heads == 0); Q's, K's and V's head axes those counts; V's head size equals Q's; the head
     size static and a multiple of :data:`GQA_CPU_HEAD_SIZE_MULTIPLE`; K's sequence length not
     provably other than Q's (no past: total_sequence_length is S); the mask boolean with a -inf
-    fill or ``Where(cond, 0, -inf)`` (with a finite fill a fully masked row averages all keys, the kernel's causal -inf only
-    the earlier ones), of known rank <= 4 (attention_bias ``[B|1, H|1, S, T]``)."""
+    fill or ``Where(cond, 0, -inf)`` (with a finite fill a fully masked row averages all keys, the
+    kernel's causal -inf only the earlier ones), of known rank <= 4 (attention_bias ``[B|1, H|1, S, T]``)."""
     q, k, v = node.inputs[:3]
     scale, kind, causal, heads, kv_heads, _, nan_zero = _attrs(node)
     if not causal or kv_heads == heads:
