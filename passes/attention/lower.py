@@ -40,6 +40,29 @@ def _finite_fill(node: Node) -> bool:
         math.isfinite(_fill(node))
 
 
+def _fill_const(ctx: LowerContext, node: Node, dtype) -> Value:
+    """``mask_fill`` as a scalar of ``dtype``; a finite fill stays finite (finfo.min at worst: -1e9
+    in float16 would round to -inf and turn a fully masked row's uniform softmax into NaN)."""
+    fill = _fill(node)
+    if math.isfinite(fill) and np.dtype(dtype).kind == "f":
+        fill = max(fill, float(np.finfo(dtype).min))
+    return ctx.const(np.array(fill, dtype=dtype), "attn_fill")
+
+
+KERNEL_DTYPES = ("FLOAT", "FLOAT16")
+"""Element types ONNX Runtime's CPU MultiHeadAttention / GroupQueryAttention kernels are registered
+for (float and MLFloat16; ContribOperators.md lists the CPU provider's types per op; GQA's bfloat16
+is CUDA only); others have no kernel and the session would refuse the model."""
+
+
+def _kernel_dtype_reason(node: Node) -> str:
+    q = node.inputs[0]
+    if q.dtype is None or q.dtype.name not in KERNEL_DTYPES:
+        return f"Q's element type {q.dtype.name if q.dtype is not None else 'unknown'} has no kernel " \
+               f"(only {', '.join(t.lower() for t in KERNEL_DTYPES)})"
+    return ""
+
+
 def _heads_mismatch(node: Node) -> str:
     """Why Q's / K's / V's static head axes disagree with ``num_heads`` / ``kv_num_heads`` ("" when
     they agree or are not static): a kernel told the wrong head count splits the hidden axis wrongly
@@ -127,7 +150,7 @@ def _attention_bias(ctx: LowerContext, node: Node, boolean_as_bias: bool = True
     if kind == "boolean" and boolean_as_bias:
         dtype = _np_dtype(q)
         bias = b.op("Where", mask, ctx.const(np.array(0, dtype=dtype), "attn_zero"),
-                    ctx.const(np.array(_fill(node), dtype=dtype), "attn_fill"))
+                    _fill_const(ctx, node, dtype))
     if len(md) < 4:
         bias = _unsqueeze(ctx, bias, list(range(4 - len(md))))
         md = [1] * (4 - len(md)) + md
@@ -191,7 +214,7 @@ def decomposed(ctx: LowerContext, node: Node) -> Optional[Value]:
     if kind == "additive":
         s = b.op("Add", s, mask)
     elif kind == "boolean":  # masked scores replaced by the fill (-inf, or the model's finite one)
-        s = b.op("Where", mask, s, ctx.const(np.array(_fill(node), dtype=dtype), "attn_fill"))
+        s = b.op("Where", mask, s, _fill_const(ctx, node, dtype))
     if causal and mask is None:
         lengths = b.op("Shape", s, start=-2) if ctx.opset >= 15 else b.op(
             "Slice", b.op("Shape", s), _i64(ctx, [-2], "attn_m2"), _i64(ctx, [2**62], "attn_end"))
@@ -298,19 +321,20 @@ def group_query_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     rows give 0 (measured), as ``nan_to_zero`` wants.
 
     Checked before choosing it (the kernel's documented / measured constraints; the reason goes to
-    the report): causal; KV heads < Q heads, dividing them (ContribOperators.md: num_heads %
-    kv_num_heads == 0); Q's, K's and V's head axes those counts; V's head size equals Q's; the head
-    size static and a multiple of :data:`GQA_CPU_HEAD_SIZE_MULTIPLE`; K's sequence length not
-    provably other than Q's (no past: total_sequence_length is S); the mask boolean with a -inf
-    fill or ``Where(cond, 0, -inf)`` (with a finite fill a fully masked row averages all keys, the
-    kernel's causal -inf only the earlier ones), of known rank <= 4 (attention_bias ``[B|1, H|1, S, T]``)."""
+    the report): causal; float32 / float16 (:data:`KERNEL_DTYPES`); KV heads < Q heads, dividing
+    them (ContribOperators.md: num_heads % kv_num_heads == 0); Q's, K's and V's head axes those
+    counts; V's head size equals Q's; the head size static and a multiple of
+    :data:`GQA_CPU_HEAD_SIZE_MULTIPLE`; K's sequence length not provably other than Q's (no past:
+    total_sequence_length is S); the mask boolean with a -inf fill or ``Where(cond, 0, -inf)``
+    (with a finite fill a fully masked row averages all keys, the kernel's causal -inf only the
+    earlier ones), of known rank <= 4 (attention_bias ``[B|1, H|1, S, T]``)."""
     q, k, v = node.inputs[:3]
     scale, kind, causal, heads, kv_heads, _, nan_zero = _attrs(node)
     if not causal or kv_heads == heads:
         return None  # not what the kernel is for (always causal; grouped-query)
     if heads % kv_heads:
         return ctx.refuse(f"{heads} query heads are not a multiple of {kv_heads} KV heads")
-    why = _heads_mismatch(node)
+    why = _kernel_dtype_reason(node) or _heads_mismatch(node)
     if why:
         return ctx.refuse(why)
     qd, kd, vd = dims(q), dims(k), dims(v)
@@ -362,11 +386,12 @@ def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     rows fixed after the kernel: :func:`_fully_masked_rows`); the output goes back to ``[B, H, S,
     Dv]`` (Reshape + Transpose, which ONNX Runtime cancels against the model's own Transpose).
 
-    Checked before choosing it (the reason goes to the report): Q/K/V rank 4 with the head counts
+    Checked before choosing it (the reason goes to the report): float32 / float16 (the kernel's
+    types: :data:`KERNEL_DTYPES`); Q/K/V rank 4 with the head counts
     the node says; V's head size equals Q's (this lowering's 3-D packing); the mask of known rank <= 4."""
     q, k, v = node.inputs[:3]
     scale, _, causal, heads, kv_heads, _, nan_zero = _attrs(node)
-    why = _heads_mismatch(node)
+    why = _kernel_dtype_reason(node) or _heads_mismatch(node)
     if why:
         return ctx.refuse(why)
     qd, vd = dims(q), dims(v)

@@ -7,7 +7,6 @@ import logging
 import math
 from typing import Dict, List, Tuple
 
-import numpy as np
 
 from passctl.ir import Shape, TensorType, Value
 from passctl.passes.attention import guard

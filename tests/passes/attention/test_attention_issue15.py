@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import onnx
@@ -245,8 +245,9 @@ def test_unknown_mask_rank_is_not_guessed():
 
 # -- GQA: head size, repeat_kv written several ways ----------------------------------------------------
 
-@pytest.mark.parametrize("head_size,kernel", [(4, "MultiHeadAttention (kv repeated)"), (12, "MultiHeadAttention (kv repeated)"),
-                                              (8, "GroupQueryAttention"), (16, "GroupQueryAttention")])
+@pytest.mark.parametrize("head_size,kernel", [
+    (4, "MultiHeadAttention (kv repeated)"), (12, "MultiHeadAttention (kv repeated)"),
+    (8, "GroupQueryAttention"), (16, "GroupQueryAttention")])
 def test_gqa_head_size_rule(head_size, kernel):
     proto = attention_model(kv_heads=2, causal=True, head_size=head_size)
     stats, out = run(proto, "flash-attn")
@@ -289,7 +290,8 @@ def repeat_kv_model(k_form: str, v_form: str) -> onnx.ModelProto:
         kt = "kt"
     v = rep("v", v_form, "bhtd")
     nodes += [helper.make_node("MatMul", ["q", kt], ["qk"]), helper.make_node("Mul", ["qk", "s"], ["sc"]),
-              helper.make_node("Softmax", ["sc"], ["p"], axis=-1), helper.make_node("MatMul", ["p", v], ["y"])]
+              helper.make_node("Softmax", ["sc"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", v], ["y"])]
     init_protos = [numpy_helper.from_array(a if a.dtype == np.float32 else a.astype(np.int64), n)
                    for n, a in inits.items()]
     graph = helper.make_graph(nodes, "repeat_kv", ins,
@@ -338,7 +340,8 @@ def _bart_attention(dynamo: bool, path: Path, scale_q: bool = True):
         def forward(self, x):
             b, s, _ = x.shape
             q = self.q_proj(x) * self.scaling if scale_q else self.q_proj(x)
-            q, k, v = self._shape(q, b, s), self._shape(self.k_proj(x), b, s), self._shape(self.v_proj(x), b, s)
+            q, k = self._shape(q, b, s), self._shape(self.k_proj(x), b, s)
+            v = self._shape(self.v_proj(x), b, s)
             p = torch.softmax(torch.matmul(q, k.transpose(-2, -1)), dim=-1)
             y = torch.matmul(p, v).transpose(1, 2).reshape(b, s, self.h * self.d)
             return self.out(y)
@@ -391,8 +394,8 @@ def test_fuse_then_flash_attn_fuses_attention(case):
     assert_same(proto, out, inputs)
 
 
-@pytest.mark.parametrize("case", [dict(), dict(mask="add", scale_form="mul-after"), dict(kv_heads=2, causal=True),
-                                  dict(mask="bool", scale_form="split")])
+@pytest.mark.parametrize("case", [dict(), dict(mask="add", scale_form="mul-after"),
+                                  dict(kv_heads=2, causal=True), dict(mask="bool", scale_form="split")])
 def test_fuse_then_flash_attn_on_layers(case):
     proto = attention_model(**case)
     stats, out = run(proto, "cleanup,fuse,flash-attn")
