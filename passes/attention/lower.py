@@ -180,7 +180,11 @@ def _fully_masked_rows(ctx: LowerContext, node: Node, y: Value) -> Value:
     b = ctx.b
     _, k, v = node.inputs[:3]
     heads, kv_heads = int(node.attr("num_heads")), int(node.attr("kv_num_heads"))
-    keeps_any = b.op("Cast", _reduce(ctx, "ReduceMax", b.op("Cast", _mask(node), to=1), [-1]), to=9)
+    mask = _mask(node)
+    if dims(mask) == []:  # a scalar keeps or masks every row
+        keeps_any = mask
+    else:
+        keeps_any = b.op("Cast", _reduce(ctx, "ReduceMax", b.op("Cast", mask, to=1), [-1]), to=9)
     vd = dims(v)
     mean_v = _reduce(ctx, "ReduceMean", v, [2])
     mean_v = repeat_kv(ctx, mean_v, heads // kv_heads, heads,

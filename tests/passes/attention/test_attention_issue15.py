@@ -50,7 +50,7 @@ def random_feeds(proto: onnx.ModelProto, seed: int = 0, masked_row: bool = True)
         t = i.type.tensor_type
         shape = [d.dim_value for d in t.shape.dim]
         if t.elem_type == TensorProto.BOOL:
-            keep = rng.random(shape) > 0.3
+            keep = np.array(rng.random(shape) > 0.3)
             if masked_row:
                 if len(shape) >= 2:
                     keep[..., 0, :] = False
@@ -130,7 +130,7 @@ def test_case_12_k_and_v_heads_agree():
 
 B, H, S, D = 2, 2, 4, 8
 MASK_SHAPES = {"[1,1,1,T]": [1, 1, 1, S], "[1,1,S,T]": [1, 1, S, S], "[B,H,S,T]": [B, H, S, S],
-               "[S,T]": [S, S], "[T]": [S]}
+               "[S,T]": [S, S], "[T]": [S], "[S,1]": [S, 1], "scalar": []}
 
 
 def where_attention(mask_shape, fill: float, opset: int = 17, form: str = "where",
@@ -208,18 +208,18 @@ BROADCAST_MASKS = {"[S,1]": [S, 1], "[B,1,S,1]": [B, 1, S, 1], "[1,H,S,1]": [1, 
                    "[1,H,1,1]": [1, H, 1, 1], "[1]": [1], "scalar": [], "[T]": [S], "[B,1,1,T]": [B, 1, 1, S]}
 
 
-@pytest.mark.parametrize("form", ["add", "where-inf"])
+@pytest.mark.parametrize("form", ["add", "where-inf", "where-finite"])
 @pytest.mark.parametrize("shape", list(BROADCAST_MASKS))
 def test_mask_broadcast_becomes_a_rank4_attention_bias(shape, form):
     if form == "add":
         proto = where_attention(BROADCAST_MASKS[shape], 0.0, form="add", mask_dtype=TensorProto.FLOAT)
     else:
-        proto = where_attention(BROADCAST_MASKS[shape], -np.inf)
+        proto = where_attention(BROADCAST_MASKS[shape], -np.inf if form == "where-inf" else -1e5)
     stats, out = run(proto, "flash-attn")
     assert stats["lower-onnxruntime"].get("Attention->com.microsoft::MultiHeadAttention") == 1, stats
     (mha,) = [n for n in out.graph.node if n.op_type == "MultiHeadAttention"]
     assert len(mha.input) == 6  # attention_bias given
-    inputs = random_feeds(proto, masked_row=False)
+    inputs = random_feeds(proto, masked_row=form == "where-finite")
     if form == "where-inf":
         inputs["m"] = np.ones_like(inputs["m"])  # -inf rows would be NaN in the original
         inputs["m"].reshape(-1)[-1] = inputs["m"].size == 1  # one masked entry unless a scalar
