@@ -136,7 +136,8 @@ def _feeds_attention_softmax(v: Value) -> bool:
 def _open_fused_matmuls(graph: Graph):
     """Rewrite every attention-scores ``FusedMatMul(a, b, alpha, transB)`` (no transA, no batch
     transposes) of ``graph`` as ``[Mul(] MatMul(a, [Transpose(] b [)]) [, alpha)]``; returns
-    ``(fused node, new MatMul, new nodes)`` per rewrite, for :func:`_close_fused_matmul`."""
+    ``(what rebuilds the FusedMatMul, the new MatMul node, the new nodes, the value replacing the
+    FusedMatMul's output)`` per rewrite, for :func:`_close_fused_matmul`."""
     out = []
     for node in list(graph):
         if node.domain != MS_DOMAIN or node.op_type != "FusedMatMul" or len(node.inputs) != 2:
@@ -192,7 +193,8 @@ def _close_fused_matmul(graph: Graph, spec, matmul: Node, nodes: List[Node], las
     graph.replace_nodes(nodes, [fused], [last], [y])
     for n in nodes:
         for x in n.inputs:
-            if x is not None and x.is_initializer() and x.name.startswith("attn_alpha") and not x.consumers():
+            if x is not None and x.is_initializer() and x.name.startswith("attn_alpha") and \
+                    not x.consumers():
                 graph.remove_initializer(x.name)
 
 

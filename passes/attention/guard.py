@@ -89,7 +89,7 @@ _LINEAR_MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Expand", "Iden
 """Ops that move or copy elements (data input 0): a scalar factor before them is a factor after."""
 
 
-def _upstream_scale(v: Value, depth: int = 0) -> Tuple[float, List[str]]:
+def _upstream_scale(v: Value) -> Tuple[float, List[str]]:
     """The product of the scalar constant factors (``Mul(x, s)``, ``Div(x, s)``) applied to ``v``
     before it was moved into shape (head split Reshape / Transpose, repeat_kv, packed-QKV Gather /
     Split): ``Q = Transpose(Reshape(Mul(q_proj, s)))`` has its scale before the head split (BART's,

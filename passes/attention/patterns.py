@@ -7,7 +7,6 @@ import logging
 import math
 from typing import Dict, List, Tuple
 
-
 from passctl.ir import Shape, TensorType, Value
 from passctl.passes.attention import guard
 from passctl.dialect.attention import OP_TYPE
