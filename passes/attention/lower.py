@@ -192,6 +192,16 @@ def _fully_masked_rows(ctx: LowerContext, node: Node, y: Value) -> Value:
     return b.op("Where", keeps_any, y, mean_v)
 
 
+def _nan_rows(ctx: LowerContext, y: Value, bias: Value) -> Value:
+    """``y [B, H, S, Dv]`` of a kernel that gives 0 in a query row whose ``bias`` ([B|1, H|1, S, T])
+    is -inf at every key (ONNX Runtime 1.32's CPU Attention-23 and GroupQueryAttention, measured),
+    with NaN there instead: what the original softmax over all -inf scores gives (without
+    ``nan_to_zero``, which wants the 0)."""
+    b = ctx.b
+    none_kept = b.op("IsInf", _reduce(ctx, "ReduceMax", bias, [-1]), detect_positive=0)
+    return b.op("Where", none_kept, ctx.const(np.array(np.nan, dtype=_np_dtype(y)), "attn_nan"), y)
+
+
 def _nan_to_zero(ctx: LowerContext, y: Value) -> Value:
     zero = ctx.const(np.array(0, dtype=_np_dtype(y)), "attn_zero")
     return ctx.b.op("Where", ctx.b.op("IsNaN", y), zero, y)
@@ -241,8 +251,9 @@ def attention23(ctx: LowerContext, node: Node) -> Optional[Value]:
     """ONNX ``Attention`` (opset 23) with the 4-D inputs as they are (KV heads by shape): only for
     models whose default opset is already >= 23 (an opset cannot be raised for one node). The mask
     goes in as ``attn_mask`` rank 4 ``[B|1, H|1, S, T]`` (ONNX Runtime's kernel broadcasts over batch
-    and heads only: :func:`_attention_bias`); a boolean mask stays bool when its fill is -inf, a
-    finite fill becomes a 0 / fill bias with fully masked rows fixed (:func:`_fully_masked_rows`)."""
+    and heads only: :func:`_attention_bias`; a boolean mask as a 0 / fill bias); fully masked rows
+    are made the original's: the mean of V for a finite fill (:func:`_fully_masked_rows`), NaN for
+    -inf (:func:`_nan_rows`; the kernel gives 0) unless ``nan_to_zero``."""
     if ctx.opset < ATTENTION_OPSET:
         return None  # not a constraint of the kernel: the op does not exist at this opset
     why = _heads_mismatch(node)
@@ -251,7 +262,9 @@ def attention23(ctx: LowerContext, node: Node) -> Optional[Value]:
     q, k, v = node.inputs[:3]
     scale, kind, causal, _, _, precision, nan_zero = _attrs(node)
     finite = _finite_fill(node)
-    mask, why = _attention_bias(ctx, node, boolean_as_bias=finite)
+    # NOTE: a boolean mask goes in as a float bias too: the fully masked rows are then found the
+    # same way for every mask kind (_nan_rows).
+    mask, why = _attention_bias(ctx, node)
     if why:
         return ctx.refuse(why)
     ins = [q, k, v] + ([mask] if mask is not None else [])
@@ -262,6 +275,8 @@ def attention23(ctx: LowerContext, node: Node) -> Optional[Value]:
                  softmax_precision=1 if precision == 1 else None)
     if finite:
         y = _fully_masked_rows(ctx, node, y)
+    elif mask is not None and not nan_zero:
+        y = _nan_rows(ctx, y, mask)
     ctx.form = f"{OP_TYPE}->Attention-23"
     return _nan_to_zero(ctx, y) if nan_zero else y
 
@@ -322,7 +337,8 @@ def group_query_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     ``key`` / ``value [B, S, Hkv * D]`` without repeating KV heads, no KV cache (``seqlens_k`` =
     S - 1 for every batch row, ``total_sequence_length`` = S), the mask as ``attention_bias``. The
     kernel is always causal, which the fusion's ``is_causal`` proves the mask holds; fully masked
-    rows give 0 (measured), as ``nan_to_zero`` wants.
+    rows give 0 (measured), as ``nan_to_zero`` wants (without it they are set to NaN, as the
+    original's softmax over all -inf gives: :func:`_nan_rows`).
 
     Checked before choosing it (the kernel's documented / measured constraints; the reason goes to
     the report): causal; float32 / float16 (:data:`KERNEL_DTYPES`); KV heads < Q heads, dividing
@@ -379,7 +395,8 @@ def group_query_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     if nan_zero:
         y = _nan_to_zero(ctx, y)
     ctx.form = f"{OP_TYPE}->com.microsoft::GroupQueryAttention"
-    return _from_bsd(ctx, y, heads)
+    y = _from_bsd(ctx, y, heads)
+    return _nan_rows(ctx, y, bias) if bias is not None and not nan_zero else y
 
 
 def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:

@@ -208,17 +208,20 @@ BROADCAST_MASKS = {"[S,1]": [S, 1], "[B,1,S,1]": [B, 1, S, 1], "[1,H,S,1]": [1, 
                    "[1,H,1,1]": [1, H, 1, 1], "[1]": [1], "scalar": [], "[T]": [S], "[B,1,1,T]": [B, 1, 1, S]}
 
 
+@pytest.mark.parametrize("opset", [17, 23])
 @pytest.mark.parametrize("form", ["add", "where-inf", "where-finite"])
 @pytest.mark.parametrize("shape", list(BROADCAST_MASKS))
-def test_mask_broadcast_becomes_a_rank4_attention_bias(shape, form):
+def test_mask_broadcast_becomes_a_rank4_attention_bias(shape, form, opset):
     if form == "add":
-        proto = where_attention(BROADCAST_MASKS[shape], 0.0, form="add", mask_dtype=TensorProto.FLOAT)
+        proto = where_attention(BROADCAST_MASKS[shape], 0.0, opset, form="add", mask_dtype=TensorProto.FLOAT)
     else:
-        proto = where_attention(BROADCAST_MASKS[shape], -np.inf if form == "where-inf" else -1e5)
+        proto = where_attention(BROADCAST_MASKS[shape], -np.inf if form == "where-inf" else -1e5, opset)
     stats, out = run(proto, "flash-attn")
-    assert stats["lower-onnxruntime"].get("Attention->com.microsoft::MultiHeadAttention") == 1, stats
-    (mha,) = [n for n in out.graph.node if n.op_type == "MultiHeadAttention"]
-    assert len(mha.input) == 6  # attention_bias given
+    kernel = "MultiHeadAttention" if opset < 23 else "Attention"
+    form_name = "com.microsoft::MultiHeadAttention" if opset < 23 else "Attention-23"
+    assert stats["lower-onnxruntime"].get(f"Attention->{form_name}") == 1, stats
+    (node,) = [n for n in out.graph.node if n.op_type == kernel]
+    assert len(node.input) == (6 if opset < 23 else 4)  # attention_bias / attn_mask given
     inputs = random_feeds(proto, masked_row=form == "where-finite")
     if form == "where-inf":
         inputs["m"] = np.ones_like(inputs["m"])  # -inf rows would be NaN in the original
@@ -424,3 +427,17 @@ def test_fused_matmul_that_is_not_attention_is_put_back():
     assert "normalizes axis 2" in stats["fuse-attention"]["unfused"][0]
     assert "com.microsoft::FusedMatMul" in ops(out) and "MatMul" in ops(out), ops(out)
     assert_same(proto, out, random_feeds(proto))
+
+
+@pytest.mark.parametrize("opset,form", [(17, "com.microsoft::GroupQueryAttention"), (23, "Attention-23")])
+def test_minus_inf_fully_masked_rows_stay_nan(opset, form):
+    """A -inf mask that drops every key of a row: the original's softmax is NaN there; the kernels
+    that give 0 instead (GroupQueryAttention, Attention-23 on ONNX Runtime's CPU) get the NaN back
+    (no nan_to_zero in this model)."""
+    proto = attention_model(kv_heads=2, causal=True, mask="bool", opset=opset)
+    stats, out = run(proto, "flash-attn")
+    assert stats["lower-onnxruntime"].get(f"Attention->{form}") == 1, stats
+    inputs = layer_feeds(proto)
+    inputs["keep"][1, :, 2, :] = False
+    ref = assert_same(proto, out, inputs)
+    assert np.isnan(ref["y"][1, 2]).all() and not np.isnan(ref["y"][0]).any()
