@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import onnx
@@ -260,11 +260,12 @@ def test_gqa_head_size_rule(head_size, kernel):
     assert_same(proto, out, layer_feeds(proto))
 
 
-def repeat_kv_model(k_form: str, v_form: str) -> onnx.ModelProto:
+def repeat_kv_model(k_form: str, v_form: str, fill: Optional[float] = None) -> onnx.ModelProto:
     """4 query heads, 2 KV heads ``[1, 2, 5, 8]`` inputs; K and V repeated to 4 heads each in its
     own way: ``repeat`` (Unsqueeze(2) / Expand / Reshape of [B, Hkv, T, D]), ``kt-repeat`` (K only:
     transposed to [B, Hkv, D, T] first, then repeated), ``tile`` (Tile(x, [1, 2, 1, 1]): head h
-    reads KV head h % 2), ``concat`` (Concat(x, x) on the head axis, the same as tile)."""
+    reads KV head h % 2), ``concat`` (Concat(x, x) on the head axis, the same as tile). With
+    ``fill``, the scores pass through ``Where(keep, s, fill)`` with a bool input ``keep [5, 5]``."""
     hq, hkv, t, d = 4, 2, 5, 8
     ins = [helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, hq, t, d]),
            helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, hkv, t, d]),
@@ -292,8 +293,12 @@ def repeat_kv_model(k_form: str, v_form: str) -> onnx.ModelProto:
         nodes.append(helper.make_node("Transpose", [rep("k", k_form, "bhtd")], ["kt"], perm=[0, 1, 3, 2]))
         kt = "kt"
     v = rep("v", v_form, "bhtd")
-    nodes += [helper.make_node("MatMul", ["q", kt], ["qk"]), helper.make_node("Mul", ["qk", "s"], ["sc"]),
-              helper.make_node("Softmax", ["sc"], ["p"], axis=-1),
+    nodes += [helper.make_node("MatMul", ["q", kt], ["qk"]), helper.make_node("Mul", ["qk", "s"], ["sc"])]
+    if fill is not None:
+        ins.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [t, t]))
+        inits["fill"] = np.array(fill, np.float32)
+        nodes.append(helper.make_node("Where", ["keep", "sc", "fill"], ["scm"]))
+    nodes += [helper.make_node("Softmax", ["scm" if fill is not None else "sc"], ["p"], axis=-1),
               helper.make_node("MatMul", ["p", v], ["y"])]
     init_protos = [numpy_helper.from_array(a if a.dtype == np.float32 else a.astype(np.int64), n)
                    for n, a in inits.items()]
@@ -441,3 +446,17 @@ def test_minus_inf_fully_masked_rows_stay_nan(opset, form):
     inputs["keep"][1, :, 2, :] = False
     ref = assert_same(proto, out, inputs)
     assert np.isnan(ref["y"][1, 2]).all() and not np.isnan(ref["y"][0]).any()
+
+
+@pytest.mark.parametrize("lowering", list(LOWERINGS))
+def test_grouped_query_finite_fill_fully_masked_rows(lowering):
+    """Grouped-query attention (K and V repeat_kv x2) with Where(keep, s, -1e4): the kernels' fix of
+    fully masked rows reads V's mean repeated to the query heads."""
+    opset, pipeline, target = LOWERINGS[lowering]
+    proto = repeat_kv_model("repeat", "repeat", fill=-1e4)
+    proto.opset_import[0].version = opset
+    proto.ir_version = 10 if opset >= 21 else 8
+    stats, out = run(proto, pipeline, target)
+    assert stats["fuse-attention"]["grouped_query"] == 1, stats["fuse-attention"]
+    for seed in (0, 1):
+        assert_same(proto, out, random_feeds(proto, seed))
