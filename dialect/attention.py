@@ -12,7 +12,10 @@ SCHEMA = CanonicalOp(
     OP_TYPE, ("Q", "K", "V", "Mask?"),
     {"scale": "float, multiplies Q.K^T (already the product of every scale constant of the match)",
      "mask_kind": "string, 'none', 'additive' (Mask is float, added to the scores) or 'boolean' "
-                  "(Mask is bool, true = the key takes part; false scores become -inf)",
+                  "(Mask is bool, true = the key takes part; false scores become mask_fill)",
+     "mask_fill": "float, optional, -inf when absent: with a boolean Mask, the score of a masked key "
+                  "(Where(Mask, scores, mask_fill)); a finite fill (-1e4, finfo.min) makes a fully "
+                  "masked row uniform over all keys, not NaN",
      "is_causal": "int 0/1: key j > query i is masked (top-left aligned, ONNX Attention-23). With a "
                   "Mask the flag is a hint: the fusion sets it only when the Mask provably holds that "
                   "causal part, so a kernel may apply it again (no change) or ignore it",
@@ -23,8 +26,8 @@ SCHEMA = CanonicalOp(
      "nan_to_zero": "int 0/1: a fully masked row gives 0 instead of NaN (transformers' "
                     "Where(IsNaN(p), 0, p) after Softmax)"},
     "Q [B, H, S, D], K [B, Hkv, T, D], V [B, Hkv, T, Dv] (BHSD layout); with K and V heads repeated "
-    "to H: Y = softmax(scale * Q.K^T + mask, axis=-1) . V, Y [B, H, S, Dv] in Q's element type; Mask "
-    "broadcasts to [B, H, S, T]",
+    "to H: Y = softmax(mask(scale * Q.K^T), axis=-1) . V (mask(s): s + Mask, or Where(Mask, s, "
+    "mask_fill)), Y [B, H, S, Dv] in Q's element type; Mask broadcasts to [B, H, S, T]",
     "Vaswani et al. 2017 (scaled dot-product attention); ONNX Attention-23 (same inputs, is_causal, "
     "scale, kv heads by shape, softmax_precision); torch scaled_dot_product_attention")
 

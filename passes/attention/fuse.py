@@ -6,11 +6,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Dict, List
 
-from passctl.ir import Model, Node
+import numpy as np
+
+from passctl.ir import Builder, Graph, Model, Node, Shape, TensorType, Value
 from passctl.dialect.attention import OP_TYPE
 from passctl.passes.attention.patterns import PATTERNS
 from passctl.passes.base import PassResult
-from passctl.dialect.canonical import DOMAIN, VERSION, ensure_opset
+from passctl.dialect.canonical import DOMAIN, MS_DOMAIN, VERSION, ensure_opset
 from passctl.passes.registry import register_pass
 from passctl.passes.rewrite import MatchTracer, RuleSet
 from passctl.passes.rewrite.pattern import node_label
@@ -18,6 +20,7 @@ from passctl.passes.rewrite.pattern import node_label
 logger = logging.getLogger(__name__)
 
 _THROUGH = {"Where", "IsNaN", "Cast"}
+_TO_SOFTMAX = {"Mul", "Div", "Add", "Where", "Cast"}
 
 
 @register_pass
@@ -30,9 +33,16 @@ class FuseAttention(RuleSet):
     one guard (:mod:`passctl.passes.attention.guard`). Run ``infer-shapes`` first: the guard needs
     ranks, the static head count and head size.
 
+    A ``com.microsoft::FusedMatMul(Q, K, transB=1, alpha)`` whose result reaches a Softmax that feeds
+    a MatMul (what ``fuse-gemm`` makes of ``Q . Transpose(K)``, or ONNX Runtime's own optimizer of
+    ``Q . K^T * s``) is first read as ``Mul(MatMul(Q, Transpose(K)), alpha)`` (ContribOperators.md:
+    FusedMatMul = alpha * op(A) . op(B), transB transposing the last two axes), so ``fuse,flash-attn``
+    fuses attention like ``flash-attn`` alone; one that then does not fuse is put back as it was.
+
     Statistics: ``attention`` (fused), ``causal`` and ``grouped_query`` (of those), the count per
-    rule, ``unfused_softmax`` (Softmax nodes left) and ``unfused`` (one line per such Softmax: its
-    name and the best attempt's reason, also logged).
+    rule, ``fused_matmul_read`` (FusedMatMuls read as MatMul that fused), ``unfused_softmax``
+    (Softmax nodes left) and ``unfused`` (one line per such Softmax: its name and the best attempt's
+    reason, also logged).
     """
 
     name = "fuse-attention"
@@ -56,9 +66,16 @@ class FuseAttention(RuleSet):
         self.rules = [rule.with_any_scale(self.options.any_scale) for rule in self.rules]
 
     def run(self, model: Model) -> PassResult:
+        opened = [(graph, item) for graph in model.graphs() for item in _open_fused_matmuls(graph)]
         result = super().run(model)
+        read = 0
+        for graph, item in opened:
+            if item[1].graph is None:  # its MatMul went into an attention
+                read += 1
+            else:
+                _close_fused_matmul(graph, *item)
         stats: Dict[str, object] = {"attention": sum(result.stats.values()), "causal": 0,
-                                    "grouped_query": 0}
+                                    "grouped_query": 0, "fused_matmul_read": read}
         for node in model.graph.all_nodes():
             if node.domain == DOMAIN and node.op_type == OP_TYPE:
                 stats["causal"] += int(node.attr("is_causal", 0))
@@ -97,6 +114,88 @@ class FuseAttention(RuleSet):
             return "no attention pattern was tried at the MatMul it feeds"
         score, reason, _, anchor, _, rule_name = best
         return f"{reason} (best attempt: {rule_name} at {node_label(anchor)})"
+
+
+def _feeds_attention_softmax(v: Value) -> bool:
+    """Whether ``v`` reaches, through at most 3 of Mul / Div / Add / Where / Cast, a Softmax whose
+    output reaches a MatMul as its first input (the scores of an attention)."""
+    frontier = [v]
+    for _ in range(4):
+        nxt = []
+        for x in frontier:
+            for user in x.consumers():
+                if user.op_type == "Softmax" and user.domain in ("", "ai.onnx"):
+                    if _matmul_consumers(user):
+                        return True
+                elif user.op_type in _TO_SOFTMAX and user.domain in ("", "ai.onnx"):
+                    nxt.extend(user.outputs)
+        frontier = nxt
+    return False
+
+
+def _open_fused_matmuls(graph: Graph):
+    """Rewrite every attention-scores ``FusedMatMul(a, b, alpha, transB)`` (no transA, no batch
+    transposes) of ``graph`` as ``[Mul(] MatMul(a, [Transpose(] b [)]) [, alpha)]``; returns
+    ``(what rebuilds the FusedMatMul, the new MatMul node, the new nodes, the value replacing the
+    FusedMatMul's output)`` per rewrite, for :func:`_close_fused_matmul`."""
+    out = []
+    for node in list(graph):
+        if node.domain != MS_DOMAIN or node.op_type != "FusedMatMul" or len(node.inputs) != 2:
+            continue
+        if any(int(node.attr(a, 0)) for a in ("transA", "transBatchA", "transBatchB")):
+            continue
+        a, b = node.inputs
+        y = node.outputs[0]
+        r = None if b.shape is None else b.shape.rank
+        if r is None or r < 2 or a.dtype is None or not _feeds_attention_softmax(y):
+            continue
+        bld = Builder(graph, provenance=node.provenance, insert=False)
+        if int(node.attr("transB", 0)):
+            perm = list(range(r - 2)) + [r - 1, r - 2]
+            bt = bld.op("Transpose", b, perm=perm)
+            if b.dtype is not None:
+                bt.type = TensorType(b.dtype, Shape([b.shape.dims[p] for p in perm]))
+            b = bt
+        mm = bld.op("MatMul", a, b)
+        mm.type = y.type if y.shape is not None else _matmul_type(a, b)
+        last = mm
+        alpha = float(node.attr("alpha", 1.0))
+        if alpha != 1.0:
+            scale = graph.add_constant(np.array(alpha, dtype=a.dtype.numpy()), "attn_alpha")
+            last = bld.op("Mul", mm, scale)
+            last.type = mm.type
+        # NOTE: the node to put back is built only then: a node out of the graph would still count as
+        # a consumer of a and b (the patterns check single use).
+        spec = (node.domain, node.op_type, list(node.inputs), list(node.attributes.values()), y.name,
+                node.name, node.provenance)
+        graph.replace_nodes([node], bld.nodes, [y], [last])
+        out.append((spec, mm.producer, bld.nodes, last))
+    return out
+
+
+def _matmul_type(a: Value, b: Value):
+    """``MatMul(a, b)``'s type when both ranks are known, equal (>= 2) and the batch dims agree
+    (infer-shapes does not know FusedMatMul, whose output the patterns need ranked); else a's
+    dtype with an unknown shape."""
+    if a.shape is not None and b.shape is not None and a.shape.rank == b.shape.rank >= 2 and \
+            tuple(a.shape.dims[:-2]) == tuple(b.shape.dims[:-2]):
+        return TensorType(a.dtype, Shape(list(a.shape.dims[:-1]) + [b.shape.dims[-1]]))
+    return TensorType(a.dtype, None)
+
+
+def _close_fused_matmul(graph: Graph, spec, matmul: Node, nodes: List[Node], last: Value) -> None:
+    """Put back the FusedMatMul :func:`_open_fused_matmuls` opened when no attention took it."""
+    if any(n.graph is not graph for n in nodes):
+        return  # a rule consumed part of it: leave the standard ops
+    domain, op_type, inputs, attrs, y_name, name, provenance = spec
+    y = Value(graph.fresh_name(y_name), last.type)
+    fused = Node(domain, op_type, inputs, attrs, [y], name=name, provenance=provenance)
+    graph.replace_nodes(nodes, [fused], [last], [y])
+    for n in nodes:
+        for x in n.inputs:
+            if x is not None and x.is_initializer() and x.name.startswith("attn_alpha") and \
+                    not x.consumers():
+                graph.remove_initializer(x.name)
 
 
 def _matmul_consumers(softmax: Node) -> List[Node]:

@@ -85,6 +85,44 @@ def _scale(c: Candidate) -> Tuple[Optional[float], str]:
     return total, ""
 
 
+_LINEAR_MOVES = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Expand", "Identity", "Gather", "Split"}
+"""Ops that move or copy elements (data input 0): a scalar factor before them is a factor after."""
+
+
+def _upstream_scale(v: Value) -> Tuple[float, List[str]]:
+    """The product of the scalar constant factors (``Mul(x, s)``, ``Div(x, s)``) applied to ``v``
+    before it was moved into shape (head split Reshape / Transpose, repeat_kv, packed-QKV Gather /
+    Split): ``Q = Transpose(Reshape(Mul(q_proj, s)))`` has its scale before the head split (BART's,
+    Whisper's ``q_proj(x) * scaling``). Returns ``(factor, names of the constants)``; ``(1, [])``
+    when there is none. The factors stay in the graph (the attention reads the scaled value)."""
+    total, names = 1.0, []
+    for _ in range(12):
+        n = v.producer
+        if n is None or n.domain not in ("", "ai.onnx"):
+            break
+        if n.op_type in _LINEAR_MOVES:
+            v = n.inputs[0]
+            continue
+        if n.op_type in ("Mul", "Div") and len(n.inputs) == 2:
+            consts = [constant_value(x) for x in n.inputs]
+            idx = 1 if consts[1] is not None else (
+                0 if consts[0] is not None and n.op_type == "Mul" else None)
+            if idx is None or consts[1 - idx] is not None:
+                break
+            arr = consts[idx]
+            if arr.size != 1 or arr.dtype.kind != "f":
+                break
+            x = float(arr.reshape(-1)[0])
+            if x == 0.0 or not math.isfinite(x):
+                break
+            total = total * x if n.op_type == "Mul" else total / x
+            names.append(n.inputs[idx].name)
+            v = n.inputs[1 - idx]
+            continue
+        break
+    return total, names
+
+
 def _softmax_axis_ok(sm: Node, opset: int) -> Tuple[bool, str]:
     r = rank(sm.inputs[0])
     axis = sm.attr("axis", -1 if opset >= 13 else 1)
@@ -114,7 +152,8 @@ def check(c: Candidate, opset: int, any_scale: bool = False) -> Tuple[Optional[P
     traceable to the Reshape that split heads, have roles (B, H, S, D) (K after undoing the K^T
     transpose); (3) Q's and K's head sizes agree, Q heads H and KV heads Hkv are static with
     H % Hkv == 0, K's and V's sequence axes agree; (4) the scale constants multiply to
-    1/sqrt(head size) within :data:`SCALE_RTOL` (``any_scale`` accepts any scalar); (5) an additive
+    1/sqrt(head size) within :data:`SCALE_RTOL`, counting scalar factors applied to Q or K before
+    the head split (``any_scale`` accepts any scalar); (5) an additive
     mask broadcasts to the scores without enlarging them, a Where mask fills at most
     :data:`MASK_FILL_MAX`.
 
@@ -128,6 +167,12 @@ def check(c: Candidate, opset: int, any_scale: bool = False) -> Tuple[Optional[P
         return _fail(f"Q, K^T, V ranks are {rank(c.q)}, {rank(c.kt)}, {rank(c.v)}; the canonical "
                      "attention takes rank-4 [B, H, S, D] operands", c.softmax)
     q, k, v = Operand(c.q, None, 1, "Q"), key_operand(c.kt), value_operand(c.v)
+    if k.n_rep != v.n_rep:
+        # NOTE: K and V must be taken at the same level: K's repeat_kv followed and V's not (or the
+        # reverse) once gave K 4 heads, V 2 and kv_num_heads 4 (issue 15, case 12). Both are then
+        # taken as multiplied (already repeated, kv_num_heads = num_heads): exact, KV read H times.
+        k = Operand(c.kt, (0, 1, 3, 2), 1, f"K^T as multiplied (V repeat_kv x{v.n_rep}, K x{k.n_rep})")
+        v = Operand(c.v, None, 1, "V as multiplied")
     for name, op in (("Q", q), ("K", k), ("V", v)):
         why = _check_layout(name, op)
         if why:
@@ -138,7 +183,7 @@ def check(c: Candidate, opset: int, any_scale: bool = False) -> Tuple[Optional[P
         return _fail(f"Q's heads / head size {_fmt([qd[1]])} / {_fmt([qd[3]])} are not static (run "
                      "infer-shapes; fix the input shapes)", c.softmax)
     kh, vh = k.heads(), v.heads()
-    if kh is None or vh is None or kh * k.n_rep != vh * v.n_rep:
+    if kh is None or vh is None or kh != vh or k.n_rep != v.n_rep:
         return _fail(f"K and V head counts differ or are not static (K {kh} x{k.n_rep}, V {vh} "
                      f"x{v.n_rep})", c.softmax)
     kv_heads, kv_num_heads = kh * k.n_rep, kh
@@ -154,10 +199,17 @@ def check(c: Candidate, opset: int, any_scale: bool = False) -> Tuple[Optional[P
     if scale is None:
         return _fail(why, c.softmax)
     want = 1.0 / math.sqrt(head_size)
-    if not any_scale and abs(scale - want) > SCALE_RTOL * want:
-        return _fail(f"scale {scale:.6g} is not 1/sqrt(head size {head_size}) = {want:.6g} (a wrong "
-                     "head size or layout, or a model-specific scale: run with any_scale=true to "
-                     "accept it)", c.softmax)
+    # NOTE: Q (and K) may be scaled before the head split: Q.K^T is then already scaled by those
+    # factors, which the plan's scale (the factors inside the pattern) does not repeat.
+    q_pre, q_names = _upstream_scale(c.q)
+    k_pre, k_names = _upstream_scale(c.kt)
+    effective = scale * q_pre * k_pre
+    if not any_scale and abs(effective - want) > SCALE_RTOL * want:
+        before = (f" ({scale:.6g} in the pattern times {q_pre * k_pre:.6g} applied to Q/K before the "
+                  f"head split: {', '.join(q_names + k_names)})") if q_names or k_names else ""
+        return _fail(f"scale {effective:.6g}{before} is not 1/sqrt(head size {head_size}) = {want:.6g} "
+                     "(a wrong head size or layout, or a model-specific scale: run with "
+                     "any_scale=true to accept it)", c.softmax)
     plan = Plan(q, k, v, scale, heads, kv_num_heads, head_size,
                 softmax_precision=1 if c.softmax_cast else 0, nan_to_zero=c.nan_to_zero)
     scores = [[qd[0], heads, qd[2], kd[2]], dims(c.softmax.inputs[0]) or []]
@@ -177,7 +229,7 @@ def check(c: Candidate, opset: int, any_scale: bool = False) -> Tuple[Optional[P
         if why:
             return _fail(why, c.softmax)
         plan.fill = float(fill.reshape(-1)[0])
-        plan.mask_kind, plan.mask = ("boolean" if math.isinf(plan.fill) else "additive"), c.mask
+        plan.mask_kind, plan.mask = "boolean", c.mask
     if plan.mask is not None:
         plan.is_causal = mask_is_causal(plan.mask)
     return plan, MatchResult()

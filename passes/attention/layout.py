@@ -188,6 +188,8 @@ def gqa_source(v: Value) -> Optional[Tuple[Value, int]]:
     if len(kv_dims) != 4 or target is None or len(target) != 4:
         return None
     if ex is None:
+        if target[3] == -1:
+            return None
         # NOTE: the legacy exporter writes Expand's shape through Where(Equal(shape, -1), 1, shape);
         # the Reshape target [B, Hkv * n_rep, T, D] then gives n_rep. Expand only grows size-1 axes and
         # the target keeps B, T, D, so the growth by n_rep is the unsqueezed axis.
@@ -211,8 +213,11 @@ def gqa_source(v: Value) -> Optional[Tuple[Value, int]]:
         if not (same_dim(a, b) or a == 1):
             return None
     heads = kv_dims[1] * rep if isinstance(kv_dims[1], int) else None
-    if not (same_dim(target[0], kv_dims[0]) and target[1] in (heads, -1)
-            and (same_dim(target[2], kv_dims[2]) or target[2] == -1) and same_dim(target[3], kv_dims[3])):
+    # NOTE: the last two axes are kept in either layout ([B, Hkv, T, D], or K^T's [B, Hkv, D, T]
+    # repeated after the transpose: Reshape [0, H, D, -1]), one of them possibly written -1.
+    if target.count(-1) > 1 or not (same_dim(target[0], kv_dims[0]) and target[1] in (heads, -1)
+                                    and (same_dim(target[2], kv_dims[2]) or target[2] == -1)
+                                    and (same_dim(target[3], kv_dims[3]) or target[3] == -1)):
         return None
     return kv, rep
 
@@ -374,9 +379,10 @@ class Operand:
         return tuple(r[p] for p in self.perm)
 
 
-def key_operand(kt: Value) -> Operand:
+def key_operand(kt: Value, depth: int = 0) -> Operand:
     """K in BHSD from the value multiplied as ``K^T`` (``[B, H, D, T]``): look through a Transpose
-    (any permutation, composed with the last-two swap), the dynamo transpose chain, and ``repeat_kv``."""
+    (any permutation, composed with the last-two swap), the dynamo transpose chain, and ``repeat_kv``
+    (of K, or of K^T after the transpose)."""
     n = kt.producer
     if n is not None and n.op_type == "Transpose" and rank(kt) == 4:
         perm = tuple(n.attr("perm") or (3, 2, 1, 0))
@@ -388,6 +394,11 @@ def key_operand(kt: Value) -> Operand:
     k = transposed_chain_source(kt)
     if k is not None:
         return _with_gqa(Operand(k, None, 1, "K^T = Reshape-Transpose-Reshape chain"))
+    src = gqa_source(kt) if depth < 4 else None
+    if src is not None:  # K transposed first, then repeated: repeat_kv(K^T) = repeat_kv(K)^T
+        inner = key_operand(src[0], depth + 1)
+        return Operand(inner.value, inner.perm, inner.n_rep * src[1],
+                       f"{inner.how}, repeat_kv x{src[1]} of K^T")
     return Operand(kt, (0, 1, 3, 2), 1, "K^T given; K = Transpose(0, 1, 3, 2)")
 
 

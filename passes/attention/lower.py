@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import Optional, Tuple
 
 import numpy as np
 
 from passctl.dialect.attention import OP_TYPE
 from passctl.dialect.canonical import MS_DOMAIN
 from passctl.ir import Node, Value
-from passctl.passes.attention.layout import head_split_roles, dims
+from passctl.passes.attention.layout import dims, head_split_roles, same_dim, unnamed
 from passctl.passes.lowering.table import LowerContext, register_lowering
 from passctl.passes.rewrite import constant_value
 
@@ -25,6 +26,56 @@ def _attrs(node: Node):
 
 def _mask(node: Node) -> Optional[Value]:
     return node.inputs[3] if len(node.inputs) > 3 else None
+
+
+def _fill(node: Node) -> float:
+    """The score a boolean mask puts at masked keys (``mask_fill``; -inf when absent)."""
+    return float(node.attr("mask_fill", -math.inf))
+
+
+def _finite_fill(node: Node) -> bool:
+    """A boolean mask whose masked scores are a finite number (``Where(keep, s, -1e4)``): a fully
+    masked row then averages V over all keys, which no additive-bias kernel computes."""
+    return node.attr("mask_kind", "none") == "boolean" and _mask(node) is not None and \
+        math.isfinite(_fill(node))
+
+
+def _fill_const(ctx: LowerContext, node: Node, dtype) -> Value:
+    """``mask_fill`` as a scalar of ``dtype``; a finite fill stays finite (finfo.min at worst: -1e9
+    in float16 would round to -inf and turn a fully masked row's uniform softmax into NaN)."""
+    fill = _fill(node)
+    if math.isfinite(fill) and np.dtype(dtype).kind == "f":
+        fill = max(fill, float(np.finfo(dtype).min))
+    return ctx.const(np.array(fill, dtype=dtype), "attn_fill")
+
+
+KERNEL_DTYPES = ("FLOAT", "FLOAT16")
+"""Element types ONNX Runtime's CPU MultiHeadAttention / GroupQueryAttention kernels are registered
+for (float and MLFloat16; ContribOperators.md lists the CPU provider's types per op; GQA's bfloat16
+is CUDA only); others have no kernel and the session would refuse the model."""
+
+
+def _kernel_dtype_reason(node: Node) -> str:
+    q = node.inputs[0]
+    if q.dtype is None or q.dtype.name not in KERNEL_DTYPES:
+        return f"Q's element type {q.dtype.name if q.dtype is not None else 'unknown'} has no kernel " \
+               f"(only {', '.join(t.lower() for t in KERNEL_DTYPES)})"
+    return ""
+
+
+def _heads_mismatch(node: Node) -> str:
+    """Why Q's / K's / V's static head axes disagree with ``num_heads`` / ``kv_num_heads`` ("" when
+    they agree or are not static): a kernel told the wrong head count splits the hidden axis wrongly
+    and returns a wrong shape (issue 15, case 12)."""
+    heads, kv_heads = int(node.attr("num_heads")), int(node.attr("kv_num_heads"))
+    for name, x, want in (("Q", node.inputs[0], heads), ("K", node.inputs[1], kv_heads),
+                          ("V", node.inputs[2], kv_heads)):
+        d = dims(x)
+        if d is None or len(d) != 4:
+            return f"the rank of {name} '{x.name}' is unknown or not 4 (run infer-shapes)"
+        if isinstance(d[1], int) and d[1] != want:
+            return f"{name} '{x.name}' has {d[1]} heads, the attention says {want}"
+    return ""
 
 
 def _np_dtype(v: Value):
@@ -59,20 +110,96 @@ def repeat_kv(ctx: LowerContext, x: Value, n_rep: int, heads: int, head_size: Op
     return ctx.b.op("Reshape", e, target)
 
 
-def _rows_expanded(ctx: LowerContext, bias: Value, mask: Value, q: Value) -> Value:
-    """``bias`` as rank 4 whose query axis is Q's sequence length: ONNX Runtime's MultiHeadAttention
-    and Attention-23 kernels broadcast a mask over batch and heads only (a ``[B, 1, 1, T]`` padding
-    mask is expanded to ``[B, 1, S, T]``; a mask whose axis is provably S is left alone)."""
+def _seq_len(ctx: LowerContext, x: Value) -> Value:
+    """``Shape(x)[2:3]`` (the sequence axis of a BHSD operand) as a 1-element int64 tensor."""
     b = ctx.b
-    md = dims(mask) or []
+    if ctx.opset >= 15:
+        return b.op("Shape", x, start=2, end=3)
+    return b.op("Slice", b.op("Shape", x), _i64(ctx, [2], "attn_s"), _i64(ctx, [3], "attn_e"))
+
+
+def _attention_bias(ctx: LowerContext, node: Node, boolean_as_bias: bool = True
+                    ) -> Tuple[Optional[Value], str]:
+    """The mask as the ``attention_bias`` a kernel takes: rank 4, ``[B or 1, H or 1, S, T]`` with
+    S Q's and T K's sequence length (the mask broadcast over keys or queries expanded).
+
+    ONNX Runtime's MultiHeadAttention and GroupQueryAttention check exactly that
+    (``onnxruntime/contrib_ops/cpu/bert/multihead_attention_helper.h``, ``CheckAttentionBias``:
+    "Input 'attention_bias' is expected to have 4 dimensions", "dimension 2 should be same as
+    sequence_length", "dimension 3 should be same as total_sequence_length"; ContribOperators.md:
+    attention_bias ``(batch_size or 1, num_heads or 1, sequence_length, total_sequence_length)``).
+    Axes 0 and 1 need no check: the fusion proved the mask broadcasts to the scores ``[B, H, S,
+    T]``, so they are 1 or B / H. A boolean mask becomes ``Where(mask, 0, mask_fill)`` in Q's type
+    (kept boolean when ``boolean_as_bias`` is false: ONNX Attention-23 takes a bool mask).
+
+    Returns:
+        ``(bias, "")``, ``(None, "")`` without a mask, or ``(None, reason)`` when the mask's rank is
+        unknown or above 4 (the form must not guess: an unknown rank once gave an 8-D bias).
+    """
+    q, k = node.inputs[0], node.inputs[1]
+    mask, kind = _mask(node), node.attr("mask_kind", "none")
+    if kind == "none" or mask is None:
+        return None, ""
+    md = dims(mask)
+    if md is None:
+        return None, (f"the rank of mask '{mask.name}' is unknown, so attention_bias cannot be "
+                      "made rank 4 (run infer-shapes)")
+    if len(md) > 4:
+        return None, f"mask '{mask.name}' has rank {len(md)} > 4"
+    b, bias = ctx.b, mask
+    if kind == "boolean" and boolean_as_bias:
+        dtype = _np_dtype(q)
+        bias = b.op("Where", mask, ctx.const(np.array(0, dtype=dtype), "attn_zero"),
+                    _fill_const(ctx, node, dtype))
     if len(md) < 4:
         bias = _unsqueeze(ctx, bias, list(range(4 - len(md))))
-    if len(md) < 2 or md[-2] != dims(q)[2] or md[-2] == 1:
-        seq = b.op("Shape", q, start=2, end=3) if ctx.opset >= 15 else b.op(
-            "Slice", b.op("Shape", q), _i64(ctx, [2], "attn_s"), _i64(ctx, [3], "attn_e"))
-        shape = b.op("Concat", _i64(ctx, [1, 1], "attn_11"), seq, _i64(ctx, [1], "attn_1"), axis=0)
+        md = [1] * (4 - len(md)) + md
+    qd, kd = dims(q), dims(k)
+    rows_ok = qd is not None and same_dim(md[2], qd[2]) and not unnamed(md[2])
+    keys_ok = kd is not None and same_dim(md[3], kd[2]) and not unnamed(md[3])
+    if not (rows_ok and keys_ok):
+        shape = b.op("Concat", _i64(ctx, [1, 1], "attn_11"), _seq_len(ctx, q), _seq_len(ctx, k), axis=0)
         bias = b.op("Expand", bias, shape)
-    return bias
+    return bias, ""
+
+
+def _reduce(ctx: LowerContext, op_type: str, x: Value, axes) -> Value:
+    """``op_type`` (ReduceMax / ReduceMean) over ``axes`` with keepdims 1, at any opset."""
+    if ctx.opset >= 18:
+        return ctx.b.op(op_type, x, _i64(ctx, axes, "attn_axes"), keepdims=1)
+    return ctx.b.op(op_type, x, axes=list(axes), keepdims=1)
+
+
+def _fully_masked_rows(ctx: LowerContext, node: Node, y: Value) -> Value:
+    """``y [B, H, S, Dv]`` of a kernel that added ``Where(keep, 0, fill)`` to the scores, made exact
+    for a finite ``mask_fill``: where a query row keeps no key, the original
+    ``softmax(Where(keep, s, fill))`` is uniform (every score is ``fill``), so the row is the mean
+    of V over the keys; the kernel's ``softmax(s + fill) = softmax(s)`` differs. Rows that keep a
+    key are the kernel's (``exp(fill + s - max)`` and ``exp(fill - max)`` both underflow to 0 in
+    float32 for fill <= -1e4)."""
+    b = ctx.b
+    _, k, v = node.inputs[:3]
+    heads, kv_heads = int(node.attr("num_heads")), int(node.attr("kv_num_heads"))
+    mask = _mask(node)
+    if dims(mask) == []:  # a scalar keeps or masks every row
+        keeps_any = mask
+    else:
+        keeps_any = b.op("Cast", _reduce(ctx, "ReduceMax", b.op("Cast", mask, to=1), [-1]), to=9)
+    vd = dims(v)
+    mean_v = _reduce(ctx, "ReduceMean", v, [2])
+    mean_v = repeat_kv(ctx, mean_v, heads // kv_heads, heads,
+                       vd[3] if vd is not None and isinstance(vd[3], int) else None)
+    return b.op("Where", keeps_any, y, mean_v)
+
+
+def _nan_rows(ctx: LowerContext, y: Value, bias: Value) -> Value:
+    """``y [B, H, S, Dv]`` of a kernel that gives 0 in a query row whose ``bias`` ([B|1, H|1, S, T])
+    is -inf at every key (ONNX Runtime 1.32's CPU Attention-23 and GroupQueryAttention, measured),
+    with NaN there instead: what the original softmax over all -inf scores gives (without
+    ``nan_to_zero``, which wants the 0)."""
+    b = ctx.b
+    none_kept = b.op("IsInf", _reduce(ctx, "ReduceMax", bias, [-1]), detect_positive=0)
+    return b.op("Where", none_kept, ctx.const(np.array(np.nan, dtype=_np_dtype(y)), "attn_nan"), y)
 
 
 def _nan_to_zero(ctx: LowerContext, y: Value) -> Value:
@@ -84,7 +211,8 @@ def decomposed(ctx: LowerContext, node: Node) -> Optional[Value]:
     """The canonical op's math in standard ops of any opset >= 13: MatMul, Mul by the scale, mask
     Add / Where, Softmax(-1) (in float32 when ``softmax_precision``), MatMul with V. ``is_causal``
     without a mask becomes a Trilu lower triangle (opset >= 14); with a mask the mask already holds
-    the causal part (the fusion sets the flag only then), so it is not applied twice."""
+    the causal part (the fusion sets the flag only then), so it is not applied twice. Exact for every
+    mask kind, fully masked rows included (a boolean mask is ``Where(mask, scores, mask_fill)``)."""
     q, k, v = node.inputs[:3]
     mask = _mask(node)
     scale, kind, causal, heads, kv_heads, precision, nan_zero = _attrs(node)
@@ -99,8 +227,8 @@ def decomposed(ctx: LowerContext, node: Node) -> Optional[Value]:
     s = b.op("Mul", s, ctx.const(np.array(scale, dtype=dtype), "attn_scale"))
     if kind == "additive":
         s = b.op("Add", s, mask)
-    elif kind == "boolean":
-        s = b.op("Where", mask, s, ctx.const(np.array(-np.inf, dtype=dtype), "attn_neg_inf"))
+    elif kind == "boolean":  # masked scores replaced by the fill (-inf, or the model's finite one)
+        s = b.op("Where", mask, s, _fill_const(ctx, node, dtype))
     if causal and mask is None:
         lengths = b.op("Shape", s, start=-2) if ctx.opset >= 15 else b.op(
             "Slice", b.op("Shape", s), _i64(ctx, [-2], "attn_m2"), _i64(ctx, [2**62], "attn_end"))
@@ -121,19 +249,34 @@ def decomposed(ctx: LowerContext, node: Node) -> Optional[Value]:
 
 def attention23(ctx: LowerContext, node: Node) -> Optional[Value]:
     """ONNX ``Attention`` (opset 23) with the 4-D inputs as they are (KV heads by shape): only for
-    models whose default opset is already >= 23 (an opset cannot be raised for one node)."""
+    models whose default opset is already >= 23 (an opset cannot be raised for one node). The mask
+    goes in as ``attn_mask`` rank 4 ``[B|1, H|1, S, T]`` (ONNX Runtime's kernel broadcasts over batch
+    and heads only: :func:`_attention_bias`; a boolean mask as a 0 / fill bias); fully masked rows
+    are made the original's: the mean of V for a finite fill (:func:`_fully_masked_rows`), NaN for
+    -inf (:func:`_nan_rows`; the kernel gives 0) unless ``nan_to_zero``."""
     if ctx.opset < ATTENTION_OPSET:
-        return None
+        return None  # not a constraint of the kernel: the op does not exist at this opset
+    why = _heads_mismatch(node)
+    if why:
+        return ctx.refuse(why)
     q, k, v = node.inputs[:3]
-    mask = _mask(node)
     scale, kind, causal, _, _, precision, nan_zero = _attrs(node)
-    ins = [q, k, v] + ([_rows_expanded(ctx, mask, mask, q)] if mask is not None and kind != "none"
-                       else [])
+    finite = _finite_fill(node)
+    # NOTE: a boolean mask goes in as a float bias too: the fully masked rows are then found the
+    # same way for every mask kind (_nan_rows).
+    mask, why = _attention_bias(ctx, node)
+    if why:
+        return ctx.refuse(why)
+    ins = [q, k, v] + ([mask] if mask is not None else [])
     # NOTE: is_causal only without a mask: with one the flag is a hint, and a kernel's -inf causal
     # mask differs from a finite fill (finfo.min) in fully masked rows (uniform over all keys vs the
     # earlier ones).
     y = ctx.b.op("Attention", *ins, scale=scale, is_causal=causal if len(ins) == 3 else 0,
                  softmax_precision=1 if precision == 1 else None)
+    if finite:
+        y = _fully_masked_rows(ctx, node, y)
+    elif mask is not None and not nan_zero:
+        y = _nan_rows(ctx, y, mask)
     ctx.form = f"{OP_TYPE}->Attention-23"
     return _nan_to_zero(ctx, y) if nan_zero else y
 
@@ -165,19 +308,6 @@ def _without_trailing_none(ins: list) -> list:
     return ins
 
 
-def _bias(ctx: LowerContext, node: Node) -> Optional[Value]:
-    """The mask as an additive float bias ``[B|1, 1|H, S, T]`` (a boolean mask becomes 0 / -inf)."""
-    q, mask, kind = node.inputs[0], _mask(node), node.attr("mask_kind", "none")
-    if kind == "none" or mask is None:
-        return None
-    bias = mask
-    if kind == "boolean":
-        dtype = _np_dtype(q)
-        bias = ctx.b.op("Where", mask, ctx.const(np.array(0, dtype=dtype), "attn_zero"),
-                        ctx.const(np.array(-np.inf, dtype=dtype), "attn_neg_inf"))
-    return _rows_expanded(ctx, bias, mask, q)
-
-
 def _minus_inf_filled(mask: Optional[Value]) -> bool:
     """Whether an additive mask is ``Where(cond, 0, -inf)`` (possibly expanded or cast): its masked
     entries are -inf, as a kernel's own causal mask."""
@@ -196,25 +326,61 @@ def _minus_inf_filled(mask: Optional[Value]) -> bool:
     return False
 
 
+GQA_CPU_HEAD_SIZE_MULTIPLE = 8
+"""ONNX Runtime 1.32's CPU GroupQueryAttention refuses other head sizes at run time ("head_size
+must be a multiple of 8. Got head_size % 8 == 4", measured; the CPU kernel's vectorized loops)."""
+
+
 def group_query_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     """``com.microsoft.GroupQueryAttention`` for causal grouped-query attention (ONNX Runtime
     ContribOperators.md; run here on ORT 1.32's CPU provider): 3-D ``query [B, S, H * D]``,
     ``key`` / ``value [B, S, Hkv * D]`` without repeating KV heads, no KV cache (``seqlens_k`` =
     S - 1 for every batch row, ``total_sequence_length`` = S), the mask as ``attention_bias``. The
     kernel is always causal, which the fusion's ``is_causal`` proves the mask holds; fully masked
-    rows give 0 (measured), as ``nan_to_zero`` wants. None unless causal, KV heads < Q heads, V's
-    head size equals Q's, and the mask is boolean or ``Where(cond, 0, -inf)`` (with a finite fill a
-    fully masked row averages all keys, the kernel's causal -inf only the earlier ones)."""
+    rows give 0 (measured), as ``nan_to_zero`` wants (without it they are set to NaN, as the
+    original's softmax over all -inf gives: :func:`_nan_rows`).
+
+    Checked before choosing it (the kernel's documented / measured constraints; the reason goes to
+    the report): causal; float32 / float16 (:data:`KERNEL_DTYPES`); KV heads < Q heads, dividing
+    them (ContribOperators.md: num_heads % kv_num_heads == 0); Q's, K's and V's head axes those
+    counts; V's head size equals Q's; the head size static and a multiple of
+    :data:`GQA_CPU_HEAD_SIZE_MULTIPLE`; K's sequence length not provably other than Q's (no past:
+    total_sequence_length is S); the mask boolean with a -inf fill or ``Where(cond, 0, -inf)``
+    (with a finite fill a fully masked row averages all keys, the kernel's causal -inf only the
+    earlier ones), of known rank <= 4 (attention_bias ``[B|1, H|1, S, T]``)."""
     q, k, v = node.inputs[:3]
     scale, kind, causal, heads, kv_heads, _, nan_zero = _attrs(node)
-    qd, vd = dims(q), dims(v)
-    if not causal or kv_heads == heads or qd is None or vd is None:
-        return None
+    if not causal or kv_heads == heads:
+        return None  # not what the kernel is for (always causal; grouped-query)
+    if heads % kv_heads:
+        return ctx.refuse(f"{heads} query heads are not a multiple of {kv_heads} KV heads")
+    why = _kernel_dtype_reason(node) or _heads_mismatch(node)
+    if why:
+        return ctx.refuse(why)
+    qd, kd, vd = dims(q), dims(k), dims(v)
     if kind == "additive" and not _minus_inf_filled(_mask(node)):
-        return None  # a finite fill: fully masked rows would differ (see attention23's NOTE)
+        return ctx.refuse("the additive mask is not Where(cond, 0, -inf): a fully masked row would "
+                          "differ from the kernel's causal -inf")
+    if _finite_fill(node):
+        return ctx.refuse(f"the boolean mask fills {_fill(node):g}, not -inf: a fully masked row would "
+                          "differ from the kernel's causal -inf")
     head_size = qd[3] if isinstance(qd[3], int) else None
-    if head_size is None or vd[3] != head_size:
-        return None
+    if head_size is None:
+        return ctx.refuse("the head size is not static")
+    if vd[3] != head_size:
+        return ctx.refuse(f"V's head size {vd[3] if isinstance(vd[3], int) else '?'} differs from "
+                          f"Q's {head_size}")
+    if head_size % GQA_CPU_HEAD_SIZE_MULTIPLE:
+        return ctx.refuse(f"head size {head_size} is not a multiple of {GQA_CPU_HEAD_SIZE_MULTIPLE} "
+                          "(ONNX Runtime's CPU kernel refuses it)")
+    # NOTE: refused only when provably different: the legacy exporter leaves both unnamed, and the
+    # fusion's is_causal (a lower triangle over [S, T]) comes from self-attention masks.
+    if not same_dim(qd[2], kd[2]) and not unnamed(qd[2]) and not unnamed(kd[2]):
+        return ctx.refuse("K's sequence length differs from Q's (the kernel without a KV cache "
+                          "takes total_sequence_length = S)")
+    bias, why = _attention_bias(ctx, node)
+    if why:
+        return ctx.refuse(why)
     b = ctx.b
     q3, k3, v3 = (_to_bsd(ctx, x, h, head_size) for x, h in ((q, heads), (k, kv_heads), (v, kv_heads)))
     shape = b.op("Shape", q)
@@ -223,44 +389,59 @@ def group_query_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     total = b.op("Cast", b.op("Reshape", seq, _i64(ctx, [], "attn_scalar")), to=6)
     last = b.op("Cast", b.op("Sub", seq, _i64(ctx, [1], "attn_one")), to=6)
     seqlens = b.op("Expand", last, batch)
-    ins = _without_trailing_none([q3, k3, v3, None, None, seqlens, total, None, None, None,
-                                  _bias(ctx, node)])
+    ins = _without_trailing_none([q3, k3, v3, None, None, seqlens, total, None, None, None, bias])
     y, _, _ = b.op("GroupQueryAttention", *ins, domain=MS_DOMAIN, outputs=3, num_heads=heads,
                    kv_num_heads=kv_heads, scale=scale)
     if nan_zero:
         y = _nan_to_zero(ctx, y)
     ctx.form = f"{OP_TYPE}->com.microsoft::GroupQueryAttention"
-    return _from_bsd(ctx, y, heads)
+    y = _from_bsd(ctx, y, heads)
+    return _nan_rows(ctx, y, bias) if bias is not None and not nan_zero else y
 
 
 def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     """``com.microsoft.MultiHeadAttention(query, key, value, bias=, key_padding_mask=,
     attention_bias)`` with 3-D ``[B, S, H * D]`` inputs (ONNX Runtime ContribOperators.md), KV heads
-    repeated to H for grouped-query attention, a boolean mask turned into a 0 / -inf bias expanded to
-    ``[B|1, 1, S, T]``; the output goes back to ``[B, H, S, Dv]`` (Reshape + Transpose, which ONNX
-    Runtime cancels against the model's own Transpose). None when V's head size differs from Q's."""
+    repeated to H for grouped-query attention, the mask as a rank-4 ``attention_bias [B|1, H|1, S,
+    T]`` (:func:`_attention_bias`; a boolean mask as a 0 / fill bias, a finite fill's fully masked
+    rows fixed after the kernel: :func:`_fully_masked_rows`); the output goes back to ``[B, H, S,
+    Dv]`` (Reshape + Transpose, which ONNX Runtime cancels against the model's own Transpose).
+
+    Checked before choosing it (the reason goes to the report): float32 / float16 (the kernel's
+    types: :data:`KERNEL_DTYPES`); Q/K/V rank 4 with the head counts
+    the node says; V's head size equals Q's (this lowering's 3-D packing); the mask of known rank <= 4."""
     q, k, v = node.inputs[:3]
     scale, _, causal, heads, kv_heads, _, nan_zero = _attrs(node)
+    why = _kernel_dtype_reason(node) or _heads_mismatch(node)
+    if why:
+        return ctx.refuse(why)
     qd, vd = dims(q), dims(v)
-    if qd is None or vd is None or (isinstance(vd[3], int) and isinstance(qd[3], int) and vd[3] != qd[3]):
-        return None
+    if isinstance(vd[3], int) and isinstance(qd[3], int) and vd[3] != qd[3]:
+        return ctx.refuse(f"V's head size {vd[3]} differs from Q's {qd[3]}")
+    bias, why = _attention_bias(ctx, node)
+    if why:
+        return ctx.refuse(why)
     b = ctx.b
     head_size = qd[3] if isinstance(qd[3], int) else None
     n_rep = heads // kv_heads
     k3 = _to_bsd(ctx, repeat_kv(ctx, k, n_rep, heads, head_size), heads, head_size)
     v3 = _to_bsd(ctx, repeat_kv(ctx, v, n_rep, heads, head_size), heads, head_size)
     q3 = _to_bsd(ctx, q, heads, head_size)
-    bias = _bias(ctx, node)
     ins = _without_trailing_none([q3, k3, v3, None, None, bias])
     # NOTE: unidirectional only without a mask: with one, the flag is a hint (the mask holds the
     # causal part), and ONNX Runtime 1.32's CPU MultiHeadAttention with both gave wrong values for
     # left-padded rows (measured on the GPT-2 and LLaMA exports).
     y = b.op("MultiHeadAttention", *ins, domain=MS_DOMAIN, num_heads=heads, scale=scale,
              unidirectional=1 if causal and bias is None else None)
-    if nan_zero:
+    if nan_zero and not _finite_fill(node):
         y = _nan_to_zero(ctx, y)
     ctx.form = f"{OP_TYPE}->com.microsoft::MultiHeadAttention" + (" (kv repeated)" if n_rep > 1 else "")
-    return _from_bsd(ctx, y, heads)
+    y = _from_bsd(ctx, y, heads)
+    if _finite_fill(node):
+        y = _fully_masked_rows(ctx, node, y)
+        if nan_zero:
+            y = _nan_to_zero(ctx, y)
+    return y
 
 
 # NOTE: the first function that returns a value wins: Attention-23 only exists from opset 23;

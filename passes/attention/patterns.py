@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from typing import Dict, List, Tuple
 
-import numpy as np
-
-from passctl.ir import Value
+from passctl.ir import Shape, TensorType, Value
 from passctl.passes.attention import guard
 from passctl.dialect.attention import OP_TYPE
 from passctl.dialect.canonical import DOMAIN
@@ -143,20 +142,31 @@ class AttentionPattern(RewriteRule):
         return MatchResult(plan=plan) if result else result
 
     def rewrite(self, op, plan: guard.Plan, **_):
-        k = plan.k.value if plan.k.perm is None else op.Transpose(plan.k.value, perm=list(plan.k.perm))
-        v = plan.v.value if plan.v.perm is None else op.Transpose(plan.v.value, perm=list(plan.v.perm))
-        ins = [plan.q.value, k, v]
-        if plan.mask is not None:
-            mask = plan.mask
-            if self.mask_form == "where" and plan.mask_kind == "additive":
-                dtype = (plan.q.value.dtype.numpy() if plan.q.value.dtype is not None else np.float32)
-                mask = op.Where(mask, op.constant(np.array(0, dtype=dtype), "attn_keep"),
-                                op.constant(np.array(plan.fill, dtype=dtype), "attn_fill"))
-            ins.append(mask)
+        k, v = _bhsd(op, plan.k), _bhsd(op, plan.v)
+        ins = [plan.q.value, k, v] + ([plan.mask] if plan.mask is not None else [])
+        # NOTE: a Where mask stays boolean whatever its fill: Where(keep, s, fill) replaces the masked
+        # scores, which an additive s + Where(keep, 0, fill) equals only in rows that keep a key (a
+        # fully masked row is uniform in the original, softmax(s) in the additive form; issue 15).
+        finite_fill = plan.mask_kind == "boolean" and math.isfinite(plan.fill)
         return op.op(OP_TYPE, *ins, _domain=DOMAIN, scale=float(plan.scale), mask_kind=plan.mask_kind,
+                     mask_fill=float(plan.fill) if finite_fill else None,
                      is_causal=int(plan.is_causal), num_heads=int(plan.num_heads),
                      kv_num_heads=int(plan.kv_num_heads), softmax_precision=plan.softmax_precision,
                      nan_to_zero=int(plan.nan_to_zero))
+
+
+def _bhsd(op, operand) -> Value:
+    """The operand in BHSD: its value, or a new Transpose of it that carries the permuted shape (a
+    lowering reads ranks and head counts from it: a value without a shape made the kernel forms
+    guess; issue 15, case 01)."""
+    if operand.perm is None:
+        return operand.value
+    x = operand.value
+    y = op.Transpose(x, perm=list(operand.perm))
+    if x.type is not None and x.dtype is not None:
+        shape = None if x.shape is None else Shape([x.shape.dims[p] for p in operand.perm])
+        y.type = TensorType(x.dtype, shape)
+    return y
 
 
 # One rule per (softmax form, mask form, scale form), numbered in the order fuse-attention tries them.

@@ -54,6 +54,13 @@ class LowerContext:
         self.graph = graph
         self.b = Builder(graph, provenance=node.provenance, insert=False)
         self.form = ""
+        self.why_not = ""
+
+    def refuse(self, reason: str) -> None:
+        """Say why this form does not take the node (a kernel constraint it breaks); the function
+        then returns None and the next form is tried. :class:`Lowering` reports the reason."""
+        self.why_not = reason
+        return None
 
     @property
     def opset(self) -> int:
@@ -94,14 +101,16 @@ class Lowering(Pass):
     """Replaces every ``passctl::`` node by the first form of ``TARGET``'s table that applies.
 
     Statistics: ``lowered`` (nodes replaced), the count per form (``"LayerNorm->com.microsoft::..."``
-    style names given by the lowering functions), and ``unlowered`` (canonical nodes no form took,
-    logged as warnings: the emitted model cannot run them).
+    style names given by the lowering functions), ``unlowered`` (canonical nodes no form took,
+    logged as warnings: the emitted model cannot run them) and, when a form was passed over with a
+    reason (:meth:`LowerContext.refuse`), ``fallbacks``: one line per such node, ``"<op> '<node>':
+    <form chosen>; not <function>: <reason>; ..."``.
     """
 
     TARGET = ""
 
     def run(self, model: Model) -> PassResult:
-        stats: Dict[str, int] = {"lowered": 0, "unlowered": 0}
+        stats: Dict[str, object] = {"lowered": 0, "unlowered": 0}
         table = _TABLES.get(self.TARGET, {})
         for graph in model.graphs():
             for node in list(graph):
@@ -109,11 +118,19 @@ class Lowering(Pass):
                     continue
                 out = None
                 ctx = None
+                passed_over = []
                 for fn in table.get(node.op_type, ()):
                     ctx = LowerContext(model, graph, node)
                     out = fn(ctx, node)
                     if out is not None:
                         break
+                    if ctx.why_not:
+                        passed_over.append(f"not {fn.__name__}: {ctx.why_not}")
+                if passed_over:
+                    chosen = ctx.form if out is not None else "no form"
+                    line = f"{node.op_type} '{node.name}': {chosen}; " + "; ".join(passed_over)
+                    stats.setdefault("fallbacks", []).append(line)
+                    logger.info("%s: %s", self.name, line)
                 if out is None:
                     stats["unlowered"] += 1
                     logger.warning("%s: no %s form for passctl::%s (node '%s'); it stays canonical",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Dict, Sequence
 
 import numpy as np
@@ -26,7 +27,9 @@ def _rank4(bias, rank: int):
 
 
 def _decomposed(bb, q, k, v, mask, kind: str, attrs: Dict[str, Any], dtype: str):
-    """softmax(Q K^T * scale + bias) V for fp16 / bf16 in BHSD, the scores in float32.
+    """softmax(Q K^T * scale + bias) V for fp16 / bf16 in BHSD, the scores in float32; also any
+    dtype with a boolean mask of finite ``mask_fill``: ``where(mask, scores, fill)``, exact in fully
+    masked rows (uniform), which no bias added to the scores gives.
 
     TVM 0.27 legalizes ``nn.attention`` with ``topi.multiply(scores, scale)`` where ``scale`` is a
     float32 immediate, so an fp16 attention's kernel returns float32 while Relax typed it fp16 and
@@ -41,7 +44,10 @@ def _decomposed(bb, q, k, v, mask, kind: str, attrs: Dict[str, Any], dtype: str)
     s, t = int(q.ty.shape[2]), int(k.ty.shape[2])
     scores = op.astype(op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])), "float32")
     scores = op.multiply(scores, relax.const(np.float32(attrs["scale"]), "float32"))
-    if mask is not None and kind != "none":
+    fill = float(attrs.get("mask_fill", -np.inf))
+    if mask is not None and kind == "boolean" and math.isfinite(fill):
+        scores = op.where(mask, scores, relax.const(np.float32(fill), "float32"))
+    elif mask is not None and kind != "none":
         if kind == "boolean":
             bias = op.where(mask, relax.const(np.float32(0), "float32"),
                             relax.const(np.float32(-np.inf), "float32"))
@@ -92,7 +98,11 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], kernels=No
     kind = attr_text(attrs.get("mask_kind", "none"))
     dtype = str(q.ty.dtype)
     bsnh = [0, 2, 1, 3]
-    if kernels is not None:
+    # A boolean mask with a finite fill replaces masked scores (fully masked rows are uniform): only
+    # the decomposed form computes that; the kernels add a bias.
+    finite_fill = mask is not None and kind == "boolean" and math.isfinite(
+        float(attrs.get("mask_fill", -np.inf)))
+    if kernels is not None and not finite_fill:
         from passctl.targets.tvm.triton_dispatch import call_attention
 
         try:
@@ -102,7 +112,7 @@ def relax_attention(bb, inputs: Sequence[Any], attrs: Dict[str, Any], kernels=No
     if kv_heads != heads:
         k = op.repeat(k, heads // kv_heads, axis=1)
         v = op.repeat(v, heads // kv_heads, axis=1)
-    if dtype != "float32":
+    if dtype != "float32" or finite_fill:
         return _decomposed(bb, q, k, v, mask, kind, attrs, dtype)
     bias = None
     if mask is not None and kind != "none":

@@ -85,6 +85,22 @@ def test_small_exports_fuse_and_match(name, tmp_path):
     _check(path, fused)
 
 
+@pytest.mark.parametrize("name", ["llama_eager_legacy", "llama_eager_dynamo", "vit_eager_legacy",
+                                  "vit_eager_dynamo", "bert_eager_legacy"])
+def test_fuse_before_flash_attn(name, tmp_path):
+    """`cleanup,fuse,flash-attn`: fuse-gemm turns eager Q . K^T into FusedMatMul(transB=1) (llama,
+    ViT), which fuse-attention reads back: every attention still fuses (issue 15, item 8)."""
+    layers = EXPECTED[name][0]
+    path = export_path(name)
+    stats, fused = _fuse(path, "cleanup,fuse,flash-attn", tmp_path)
+    fuse = stats["fuse-attention"]
+    assert fuse["attention"] == layers and fuse["unfused_softmax"] == 0, fuse
+    assert fuse["fused_matmul_read"] == (0 if name.startswith("bert") else layers), fuse
+    ops = _ops(fused)
+    assert "Softmax" not in ops and "FusedMatMul" not in ops, ops
+    _check(path, fused)
+
+
 @pytest.mark.parametrize("name", ["llama_sdpa_dynamo", "gpt2_eager_legacy", "vit_sdpa_legacy"])
 def test_decomposed_lowering_matches(name, tmp_path):
     path = export_path(name)
