@@ -107,6 +107,7 @@ class FoldConstants(Pass):
 
     # -- traversal ------------------------------------------------------------------------------
     def _fold_graph(self, graph: Graph) -> None:
+        self._batched = self._evaluate_batch(graph)
         for node in graph:
             subs = node.subgraphs()
             if subs:
@@ -166,7 +167,7 @@ class FoldConstants(Pass):
             self._stats["low_bit_kept"] += 1
             return None
         try:
-            arrays = evaluate_node(node, inputs, self._model.opset_imports)
+            arrays = self._batched.get(node) or evaluate_node(node, inputs, self._model.opset_imports)
         except Exception as e:  # ONNX Runtime raises many kinds; the node is simply kept
             logger.debug("fold-constants: cannot evaluate %r: %s: %s", node, type(e).__name__, e)
             self._stats["failed"] += 1
@@ -192,6 +193,75 @@ class FoldConstants(Pass):
         if low_bit:
             self._low_bit.update((v, low_bit) for v in node.outputs)
         return arrays
+
+    def _evaluate_batch(self, graph: Graph) -> Dict[Node, List[np.ndarray]]:
+        """The outputs of every node of ``graph`` (not its subgraphs) that rule 2 may evaluate,
+        from one ONNX Runtime session instead of one per node: nodes whose inputs are constants,
+        static ``Shape`` / ``Size`` results or outputs of such nodes, minus those over
+        ``size_limit`` or growing low-bit data by their declared types (and what reads them).
+        The results are the per-node ones (same kernels, same inputs, optimizations off); the
+        per-node checks still decide what is folded. Empty when the batch does not run (an op
+        without a kernel): each node is then evaluated alone.
+        """
+        known: Dict[Value, Optional[Tensor]] = {}  # value -> its constant (None: a batch output)
+        picked: List[Node] = []
+        for node in graph:
+            if not self._foldable(node) or node.op_type == "Constant":
+                continue
+            if node.op_type in ("Shape", "Size"):
+                arr = _static_shape_op(node)
+                if arr is not None:
+                    known[node.outputs[0]] = Tensor(arr)
+                    continue
+            live = [v for v in node.inputs if v is not None]
+            if not all(v in known or constant_tensor(v) is not None for v in live):
+                continue
+            if self._over_limit_by_type(node) or (not self.options.fold_dequantize and any(
+                    v not in known and (v in self._low_bit or constant_tensor(v).dtype in
+                                        LOW_BIT_DTYPES) for v in live)):
+                continue  # (low-bit data, and what reads it: decided node by node, rule 5)
+            try:
+                for a in node.attributes.values():
+                    attr_to_proto(a)
+            except ValueError:
+                continue
+            picked.append(node)
+            known.update((o, None) for o in node.outputs)
+        if len(picked) < 2:
+            return {}
+        names: Dict[Value, str] = {}
+        inits: List[onnx.TensorProto] = []
+
+        def name(v: Value) -> str:
+            if v not in names:
+                names[v] = f"v{len(names)}"
+                t = known.get(v) if v in known else constant_tensor(v)
+                if t is not None:
+                    inits.append(tensor_to_proto(t, names[v]))
+            return names[v]
+
+        protos = []
+        for node in picked:
+            proto = onnx.helper.make_node(node.op_type, ["" if v is None else name(v)
+                                                         for v in node.inputs],
+                                          [name(o) for o in node.outputs], domain=node.domain)
+            proto.attribute.extend(attr_to_proto(a) for a in node.attributes.values())
+            protos.append(proto)
+        outs = [o for n in picked for o in n.outputs]
+        version = self._model.opset_imports.get("", self._model.opset_imports.get("ai.onnx", 21))
+        opset = onnx.helper.make_opsetid("", version)
+        model = onnx.helper.make_model(
+            onnx.helper.make_graph(protos, "fold", [], [onnx.ValueInfoProto(name=names[o])
+                                                        for o in outs], inits),
+            opset_imports=[opset], ir_version=max(onnx.helper.find_min_ir_version_for([opset]), 8))
+        try:
+            arrays = _run_ort(model)
+        except Exception as e:  # one node ORT cannot run: every node alone, as without a batch
+            logger.debug("fold-constants: batch of %d nodes not run (%s); node by node",
+                         len(picked), str(e).splitlines()[0][:200])
+            return {}
+        by_value = dict(zip(outs, arrays))
+        return {n: [by_value[o] for o in n.outputs] for n in picked}
 
     def _low_bit_bytes(self, node: Node) -> int:
         """Bytes of low-bit integer data (rule 5) that ``node``'s constant inputs are computed from:
