@@ -173,29 +173,45 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     ``ORT_ENABLE_ALL``, or a ``GraphOptimizationLevel`` name: the level the check runs the artifact
     at (:meth:`passctl.passes.precision.calibrating.CalibratingPass.shipped_optimization`; an ONNX
     Runtime artifact's ``session.json`` ships ``ORT_ENABLE_ALL``, which fuses ``DQ -> Conv -> Q``
-    node units into QLinearConv-style int8 kernels with their own fixed-point requantization). Initializers of :data:`INJECT_MIN_BYTES` or more are not serialized: the
-    model bytes mark them as external data and ONNX Runtime receives their arrays as ``OrtValue``s
-    (``SessionOptions.add_external_initializers``), which saves a copy of every weight per run (the
-    search runs the model once per candidate assignment). Models that still hold :data:`EMBED_LIMIT`
-    bytes of weights or more in the proto are written to a temporary folder with external data first.
+    node units into QLinearConv-style int8 kernels with their own fixed-point requantization).
+    Initializers of :data:`INJECT_MIN_BYTES` or more are not serialized: the model bytes mark them
+    as external data and ONNX Runtime receives their arrays as ``OrtValue``s
+    (``SessionOptions.add_external_initializers``), which saves a copy of every weight per run
+    (the search runs the model once per candidate assignment); a weight is marked so only when every
+    initializer holding it gets its ``OrtValue`` (:func:`_external_initializers`, checked on the
+    proto), and should ONNX Runtime still look for the never-written file ("External data path
+    validation failed"), the model is rerun from a temporary folder with a real external data file.
+    Models that still hold :data:`EMBED_LIMIT` bytes of weights or more in the proto are written to
+    a temporary folder with external data first.
     """
     from passctl.support.check import cpu_session
 
     plan, values, embedded = _external_initializers(model)
-    if embedded < EMBED_LIMIT:
-        proto = ProtoBuilder(external=plan, location=_IN_MEMORY).model(model)
-        unhanded = _unhanded_external(proto, values)
-        if unhanded:  # never reached with _external_initializers' per-tensor rule; kept as a guard
-            logger.debug("run_model: %s marked external without an OrtValue; embedding all",
-                         unhanded[:5])
-            proto, values = ProtoBuilder().model(model), {}
-        session = cpu_session(proto.SerializeToString(), optimize=optimize, threads=threads,
-                              external_initializers=values)
-    else:  # protobuf's 2 GB limit: weights in an external data file next to a temporary model
+
+    def from_folder():  # protobuf's 2 GB limit: weights in an external data file, a real one
         with tempfile.TemporaryDirectory(prefix="passctl-amp-") as folder:
             path = os.path.join(folder, "model.onnx")
             save(model, path, external_data=True)
-            session = cpu_session(path, optimize=optimize, threads=threads)
+            return cpu_session(path, optimize=optimize, threads=threads)
+
+    if embedded >= EMBED_LIMIT:
+        session = from_folder()
+    else:
+        proto = ProtoBuilder(external=plan, location=_IN_MEMORY).model(model)
+        unhanded = _unhanded_external(proto, values)
+        try:
+            if unhanded:  # never with _external_initializers' per-tensor rule; kept as a guard
+                raise RuntimeError(f"external data without an OrtValue: {unhanded[:5]}")
+            session = cpu_session(proto.SerializeToString(), optimize=optimize, threads=threads,
+                                  external_initializers=values)
+        except Exception as e:  # noqa: BLE001  (ORT's Fail)
+            if not values or "external data" not in str(e).lower():
+                raise
+            # An ONNX Runtime code path that reads a handed weight through its external-data
+            # entry instead of its OrtValue: the same model with the weights in a real file.
+            logger.debug("run_model: %s; retrying with the weights in an external data file",
+                         str(e).splitlines()[0][:200])
+            session = from_folder()
     names = list(outputs) if outputs is not None else [o.name for o in session.get_outputs()]
     wanted = [i.name for i in session.get_inputs()]
     return [dict(zip(names, session.run(names, {n: f[n] for n in wanted}))) for f in feeds]

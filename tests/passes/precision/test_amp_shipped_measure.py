@@ -118,3 +118,32 @@ def test_run_model_hands_every_tensor_it_marks_external(second_is_input, optimiz
     (out,) = run_model(model, [{"x": x}], optimize=optimize)
     w = np.arange(256, dtype=np.float32).reshape(16, 16) / 256
     np.testing.assert_allclose(out["y"], x @ w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_run_model_survives_a_weight_marked_external_without_its_ortvalue(monkeypatch, guard):
+    """Should a weight ever be marked as in-memory external data without its OrtValue (the old
+    per-name plan, simulated here), run_model still runs the model: the proto check catches it
+    (``guard``), and without that check ONNX Runtime's "External data path validation failed"
+    makes run_model rerun it from a real external-data file."""
+    import passctl.passes.precision.sensitivity as sensitivity
+
+    real = sensitivity._external_initializers
+
+    def old_plan(model):
+        plan, values, embedded = real(model)
+        t = model.graph.initializers["a"].const
+        plan[id(t)] = (0, t.nbytes)  # a and b marked, only a handed
+        import onnxruntime as ort
+
+        values = {"a": ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(t.numpy()))}
+        return plan, values, embedded
+
+    monkeypatch.setattr(sensitivity, "_external_initializers", old_plan)
+    if not guard:
+        monkeypatch.setattr(sensitivity, "_unhanded_external", lambda proto, values: [])
+    model = _shared_weight_model(True)
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(1, 16)
+    (out,) = run_model(model, [{"x": x}], optimize=True)
+    w = np.arange(256, dtype=np.float32).reshape(16, 16) / 256
+    np.testing.assert_allclose(out["y"], x @ w, rtol=1e-6)
