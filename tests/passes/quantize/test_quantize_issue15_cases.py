@@ -71,3 +71,29 @@ def test_case_16_budget_search_runs_and_meets_the_budget(tmp_path, capsys, pipel
     feeds = [make_inputs(str(model), seed=k) for k in (0, 1)]
     assert _worst_mean_rel(model, out / "model.onnx", stats["measured_with"], feeds) \
         <= stats["budget"]
+
+
+def test_reference_nan_activation_keeps_the_layer_float(tmp_path, capsys):
+    """Case 13's quantize side: y = MatMul(Log(x), W) is NaN wherever x < 0; QuantizeLinear maps
+    NaN to a finite code, so int8 makes those positions finite. The budget counts that as --check
+    does (an infinite error): the layer stays float32 and the NaN positions are the original's."""
+    import onnx
+    from onnx import TensorProto as TP, helper as oh, numpy_helper as nh
+
+    w = np.random.default_rng(0).normal(size=(16, 8)).astype(np.float32)
+    graph = oh.make_graph([oh.make_node("Log", ["x"], ["l"]), oh.make_node("MatMul", ["l", "w"], ["y"])],
+                          "g", [oh.make_tensor_value_info("x", TP.FLOAT, [4, 16])],
+                          [oh.make_tensor_value_info("y", TP.FLOAT, [4, 8])], [nh.from_array(w, "w")])
+    proto = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    proto.ir_version = 8
+    model = tmp_path / "log_matmul.onnx"
+    onnx.save(proto, str(model))
+    rc, out, text = _compile(tmp_path, capsys, model, "quantize{budget=0.5}", "--check")
+    assert rc == 0, text
+    stats, report = _report(out)
+    assert stats["quantized_layers"] == 0 and report["check"]["ok"]
+    feed = make_inputs(str(model), seed=0)
+    ref = cpu_session(str(model)).run(None, feed)[0]
+    got = cpu_session(str(out / "model.onnx"), optimize="ORT_ENABLE_ALL").run(None, feed)[0]
+    assert np.isnan(ref).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
