@@ -107,12 +107,14 @@ class FoldConstants(Pass):
 
     # -- traversal ------------------------------------------------------------------------------
     def _fold_graph(self, graph: Graph) -> None:
-        self._batched = self._evaluate_batch(graph)
+        self._batched, self._rebatch = self._evaluate_batch(graph), True
         for node in graph:
             subs = node.subgraphs()
             if subs:
+                state = self._batched, self._rebatch
                 for sub in subs:
                     self._fold_graph(sub)
+                self._batched, self._rebatch = state
                 continue
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
                 self._lift(graph, node)
@@ -166,8 +168,13 @@ class FoldConstants(Pass):
         if low_bit and _bytes_by_type(node) is not None and _bytes_by_type(node) > low_bit:
             self._stats["low_bit_kept"] += 1
             return None
+        arrays = self._batched.get(node)
+        if arrays is None and self._rebatch:  # constant since the batch (rule 3): the next batch
+            self._batched = self._evaluate_batch(node.graph, node)
+            self._rebatch = bool(self._batched)
+            arrays = self._batched.get(node)
         try:
-            arrays = self._batched.get(node) or evaluate_node(node, inputs, self._model.opset_imports)
+            arrays = arrays or evaluate_node(node, inputs, self._model.opset_imports)
         except Exception as e:  # ONNX Runtime raises many kinds; the node is simply kept
             logger.debug("fold-constants: cannot evaluate %r: %s: %s", node, type(e).__name__, e)
             self._stats["failed"] += 1
@@ -194,19 +201,24 @@ class FoldConstants(Pass):
             self._low_bit.update((v, low_bit) for v in node.outputs)
         return arrays
 
-    def _evaluate_batch(self, graph: Graph) -> Dict[Node, List[np.ndarray]]:
-        """The outputs of every node of ``graph`` (not its subgraphs) that rule 2 may evaluate,
-        from one ONNX Runtime session instead of one per node: nodes whose inputs are constants,
-        static ``Shape`` / ``Size`` results or outputs of such nodes, minus those over
-        ``size_limit`` or growing low-bit data by their declared types (and what reads them).
-        The results are the per-node ones (same kernels, same inputs, optimizations off); the
-        per-node checks still decide what is folded. Empty when the batch does not run (an op
-        without a kernel): each node is then evaluated alone.
+    def _evaluate_batch(self, graph: Graph, start: Optional[Node] = None
+                        ) -> Dict[Node, List[np.ndarray]]:
+        """The outputs of every node of ``graph`` (not its subgraphs; from ``start`` on) that rule
+        2 may evaluate, from one ONNX Runtime session instead of one per node: nodes whose inputs
+        are constants, static ``Shape`` / ``Size`` results or outputs of such nodes, minus those
+        over ``size_limit`` or reading low-bit data (rule 5) by their declared types, and what
+        reads them. The results are the per-node ones (same kernels, same inputs, optimizations
+        off); the per-node checks still decide what is folded. A node that became constant only
+        during the traversal (rule 3b's shape slices) starts the next batch from it. Empty when
+        fewer than two nodes qualify or the batch does not run (an op without a kernel): nodes
+        are then evaluated alone.
         """
         known: Dict[Value, Optional[Tensor]] = {}  # value -> its constant (None: a batch output)
         picked: List[Node] = []
+        started = start is None
         for node in graph:
-            if not self._foldable(node) or node.op_type == "Constant":
+            started = started or node is start
+            if not started or not self._foldable(node) or node.op_type == "Constant":
                 continue
             if node.op_type in ("Shape", "Size"):
                 arr = _static_shape_op(node)
