@@ -6,7 +6,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import onnx
@@ -16,8 +16,9 @@ from passctl.support.inputs import make_inputs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckResult", "OutputDiff", "DEFAULT_RTOL", "METRICS", "REL_FLOOR", "check_models", "compare",
-           "make_inputs", "run_onnxruntime", "uninformative_outputs"]
+__all__ = ["CheckResult", "OutputDiff", "ARTIFACT_OPTIMIZATION", "DEFAULT_RTOL", "METRICS", "REL_FLOOR",
+           "check_models", "check_optimization", "compare", "make_inputs", "outputs_error",
+           "run_onnxruntime", "uninformative_outputs"]
 
 DEFAULT_RTOL = 1e-4
 """Default bound on :attr:`OutputDiff.max_rel` for float32 graph rewrites."""
@@ -29,8 +30,22 @@ METRICS = ("max-rel", "mean-rel", "cosine")
 """Error metrics a check can bound (:meth:`OutputDiff.error`); the amp and quantize passes' ``metric``
 option names the same ones."""
 
+ARTIFACT_OPTIMIZATION = "ORT_ENABLE_ALL"
+"""The ``graph_optimization_level`` an ONNX Runtime artifact's ``session.json`` ships with (written
+by the ``onnxruntime`` emitter), the level the numeric check runs that artifact at."""
+
 _PROTOBUF_LIMIT = 2**31 - 1
 ModelLike = Union[str, "os.PathLike[str]", bytes, onnx.ModelProto]
+
+
+def check_optimization(emitter: str) -> str:
+    """The ONNX Runtime graph optimization level at which the numeric check (``--check``) runs the
+    artifact of ``emitter``, so that a pass measuring an error budget can measure what is checked:
+    :data:`ARTIFACT_OPTIMIZATION` for ``onnxruntime`` (``session.json``) and ``""`` (no emitter
+    given: every target profile's default emitter is ``onnxruntime``); ``ORT_DISABLE_ALL`` for
+    the others (a TensorRT artifact's ``model.onnx`` is checked as written, TensorRT parses it
+    so; a TVM library does not run in ONNX Runtime, the graph as written is the nearest)."""
+    return ARTIFACT_OPTIMIZATION if emitter in ("", "onnxruntime") else "ORT_DISABLE_ALL"
 
 
 def cpu_session(model: Union[str, bytes], optimize: Union[bool, str] = False,
@@ -277,6 +292,33 @@ def compare(reference: Mapping[str, Any], candidate: Mapping[str, Any]) -> Check
         result.outputs[name] = _diff_one(name, ref, candidate[name])
     result.extra = [name for name in candidate if name not in reference]
     return result
+
+
+def outputs_error(reference: Sequence[Mapping[str, Any]], candidate: Sequence[Mapping[str, Any]],
+                  metric: str) -> float:
+    """The check's verdict as one number: the worst :meth:`OutputDiff.error` under ``metric`` (one
+    of :data:`METRICS`) over the outputs of every run (``reference[k]`` against ``candidate[k]``,
+    compared by :func:`compare`), and ``inf`` wherever the check would fail whatever the bound: a
+    NaN/inf position that differs (in either direction: a NaN of the reference that became
+    finite counts), a missing output, a different shape or dtype. The amp and quantize passes
+    measure their budgets with it, so a budget they meet is one ``--check`` accepts on the same
+    inputs. Non-numeric outputs (strings) are not compared.
+
+    Returns:
+        0.0 for no runs or no numeric outputs.
+    """
+    worst = 0.0
+    for ref_run, cand_run in zip(reference, candidate):
+        numeric = {k: v for k, v in ref_run.items() if np.asarray(v).dtype.kind in "biufc"}
+        result = compare(numeric, {k: v for k, v in cand_run.items() if k in numeric})
+        for diff in result.outputs.values():
+            if diff.problem is not None or diff.nonfinite_mismatch:
+                return math.inf
+            err = diff.error(metric)
+            if not math.isfinite(err):  # NaN (cosine of overflowing values): never within a bound
+                return math.inf
+            worst = max(worst, float(err))
+    return worst
 
 
 def uninformative_outputs(reference: Mapping[str, Any], atol: float = 0.0) -> Dict[str, str]:

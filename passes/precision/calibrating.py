@@ -16,10 +16,13 @@ class CalibratingPass(Pass):
     ``target`` becomes the context's profile; ``calib`` its calibration folder; and without
     ``calib`` or ``dims``, ``dims`` the input sizes the emitter builds for (a TensorRT profile's OPT
     sizes), so the random calibration feeds and the measured error are at the sizes the artifact
-    runs at (where the check runs too). Subclasses set ``budget_label``, how messages name them.
+    runs at (where the check runs too); and the emitter, whose artifact the numeric check runs at
+    a known ONNX Runtime optimization level (:meth:`shipped_optimization`), the level the pass
+    measures its budget at. Subclasses set ``budget_label``, how messages name them.
     """
 
     budget_label: ClassVar[str] = ""
+    _emitter: Optional[str] = None
 
     def configure(self, context: CompileContext) -> List[str]:
         """Take ``target``, ``calib`` and ``dims`` from ``context`` (see the class docstring).
@@ -28,6 +31,7 @@ class CalibratingPass(Pass):
             a note when ``dims`` was taken from the context's input sizes.
         """
         o, given = self.options, self.given_options
+        self._emitter = context.emitter or None
         if context.target is not None and "target" not in given:
             o.target = context.target.name
         if context.calibration and "calib" not in given and not o.calib:
@@ -38,6 +42,17 @@ class CalibratingPass(Pass):
         shown = ", ".join(f"{k}={v}" for k, v in context.input_sizes.items())
         return [f"{self.name} calibrates at the emitter's input sizes {shown} (give "
                 f"{self.name}{{dims=...}} or calib= to choose)"]
+
+    def shipped_optimization(self) -> str:
+        """The ONNX Runtime graph optimization level the numeric check runs this pass's output at,
+        as shipped (:func:`passctl.support.check.check_optimization`): for the compile context's
+        emitter, else the ``target`` profile's default emitter (``onnxruntime``: its
+        ``session.json`` level, ``ORT_ENABLE_ALL``; ``tensorrt``: ``ORT_DISABLE_ALL``)."""
+        from passctl.support.check import check_optimization
+        from passctl.support.profiles import get_target
+
+        emitter = self._emitter or get_target(self.options.target).default_emitter
+        return check_optimization(emitter)
 
     def error_budget(self) -> Optional[Tuple[str, float, str]]:
         """``(metric, budget, budget_label)``: the output error this pass accepts."""

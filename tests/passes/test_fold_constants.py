@@ -30,7 +30,7 @@ def test_lift_and_fold_chain():
             y = Add (x, c)
         }""")
     model, result, out = apply(proto, FoldConstants())
-    assert result.stats == {"lifted": 2, "folded": 2, "too_large": 0, "failed": 0}
+    assert result.stats == {"lifted": 2, "folded": 2, "too_large": 0, "low_bit_kept": 0, "failed": 0}
     assert op_types(out) == ["Add"]
     inits = _inits(out)
     # Independent value: sqrt([1, 2, 3] * 2) in float32; the folded value keeps its name "c".
@@ -70,7 +70,7 @@ def test_size_limit_and_kept_ops():
         }""")
     # 1000 float32 = 4000 bytes > 1000: ConstantOfShape is counted, not folded.
     _, result, out = apply(proto, FoldConstants(size_limit=1000))
-    assert result.stats == {"lifted": 3, "folded": 0, "too_large": 1, "failed": 0}
+    assert result.stats == {"lifted": 3, "folded": 0, "too_large": 1, "low_bit_kept": 0, "failed": 0}
     assert op_types(out) == ["ConstantOfShape", "Add", "RandomNormal", "DequantizeLinear"]
     _, result, out = apply(proto, FoldConstants(fold_dequantize=True))
     assert result.stats["folded"] == 2  # ConstantOfShape and DequantizeLinear
@@ -89,7 +89,7 @@ def test_custom_domain_and_graph_input_initializer_not_folded():
     # "w" is both a graph input and an initializer: a default the caller may override.
     proto.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(2, np.float32), "w"))
     _, result, out = apply(proto, FoldConstants())
-    assert result.stats == {"lifted": 1, "folded": 0, "too_large": 0, "failed": 0}
+    assert result.stats == {"lifted": 1, "folded": 0, "too_large": 0, "low_bit_kept": 0, "failed": 0}
     assert op_types(out) == ["Foo", "Add"]
 
 
@@ -167,7 +167,7 @@ def test_folding_inside_if_branches():
         }""")
     _, result, out = apply(proto, FoldConstants())
     # then: k lifted, k2 folded into the branch's initializers; else: its output stays a node.
-    assert result.stats == {"lifted": 1, "folded": 1, "too_large": 0, "failed": 0}
+    assert result.stats == {"lifted": 1, "folded": 1, "too_large": 0, "low_bit_kept": 0, "failed": 0}
     then = next(a.g for a in out.graph.node[0].attribute if a.name == "then_branch")
     assert [n.op_type for n in then.node] == ["Add"]
     np.testing.assert_array_equal(_inits(then)["k2"], [1.0, 4.0])
