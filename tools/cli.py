@@ -133,6 +133,11 @@ def _add_compile_args(p: argparse.ArgumentParser) -> None:
                    "default: the target's default emitter)")
     p.add_argument("--check", action="store_true",
                    help="run the original and the result in ONNX Runtime on seeded inputs")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="skip the verify run: by default the artifact runs once in its runtime on "
+                        "seeded inputs at small sizes before it is written, and an output of "
+                        "another shape or dtype than declared, or NaN/inf where the original is "
+                        "finite, is an internal error (exit 3) naming the pass")
     p.add_argument("--seed", type=seed_value, default=0,
                    help="seed of the check's random inputs (>= 0)")
     p.add_argument("--rtol", type=_tolerance, default=None,

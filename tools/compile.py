@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 from passctl.ir.errors import UserError
 from passctl.support.context import CompileContext
 from passctl.support.dims import parse_dim_args
-from passctl.support.errors import CheckFailed, InternalError
+from passctl.support.errors import CheckFailed, InternalError, one_line
 from passctl.support.input_files import load_input_file
 from passctl.tools.model_source import IR_TEXT_SUFFIX, load_model
 from passctl.tools.numeric_check import (bounds_note, calibration_feed, check_bounds, check_inputs,
@@ -24,6 +24,8 @@ from passctl.tools.output_folder import check_output_path, check_writable_folder
 from passctl.tools.report import (REPORT_SCHEMA, DelayedProgress, count_nodes, op_histogram,
                                   print_summary, write_report)
 from passctl.tools.reproducer import check_failure_folder, write_crash_folder
+from passctl.tools.verify_artifact import (TouchRecorder, VerifyFailed, blame_runtime_error,
+                                           verify_artifact)
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +128,9 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     note = bounds_note(context.check_bounds)
     if note and (args.check or args.check_each) and not args.quiet:
         console.print(note, markup=False, highlight=False)
-    steps = 1 + len(passes) + 1 + 1 + int(args.check)  # load, passes, final dce, emit, check
+    verifying = getattr(args, "verify", True)
+    # load, passes, final dce, emit, verify, check
+    steps = 1 + len(passes) + 1 + 1 + int(verifying) + int(args.check)
 
     with DelayedProgress(console, total=steps) as progress, \
             tempfile.TemporaryDirectory(prefix="passctl-") as work:
@@ -154,8 +158,10 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         if args.dump_ir:
             check_writable_folder(args.dump_ir, "--dump-ir")
         try:
+            recorder = TouchRecorder() if verifying else None  # which pass touched each node
             instruments = build_instruments(args, context.check_bounds, reference, header, dims,
-                                            overrides) + [_ProgressInstrument(progress)]
+                                            overrides) + [_ProgressInstrument(progress)] + (
+                                                [recorder] if recorder is not None else [])
         except UserError:
             raise
         except Exception as e:  # --check-each runs the original in ONNX Runtime, which may refuse it
@@ -206,6 +212,19 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             progress.update("artifact written", advance=1)
             report["artifact"] = dict(info, path=out)
             report["check"] = None
+            report["verify"] = {"ran": False, "reason": "--no-verify"}
+            if verifying:
+                progress.update("verifying the artifact on seeded inputs", advance=1)
+                try:
+                    report["verify"] = verify_artifact(
+                        folder, model, reference, header or load_header(reference), dims,
+                        args.seed, recorder)
+                except VerifyFailed as e:
+                    report["verify"] = {"ran": True, "ok": False, "error": str(e)}
+                    e.reproducer = check_failure_folder(args, argv, model, report, folder,
+                                                        "the verify run failed")
+                    raise
+            t_verified = time.perf_counter()
             if args.check:
                 progress.update("checking against the original", advance=1)
                 report["check"] = run_check(reference, header, os.path.join(folder, "model.onnx"),
@@ -216,7 +235,8 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                     print(f"passctl: warning: {warning}", file=sys.stderr)
             t_end = time.perf_counter()
             timing = dict(load_s=t_loaded - start, passes_s=t_passes - t_loaded,
-                          emit_s=t_emitted - t_passes, check_s=t_end - t_emitted,
+                          emit_s=t_emitted - t_passes, verify_s=t_verified - t_emitted,
+                          check_s=t_end - t_verified,
                           total_s=t_end - start)
             report["timing"] = {k: round(v, 4) for k, v in timing.items()}
             if report["check"] is not None and not report["check"]["ok"]:
@@ -232,17 +252,21 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         except Exception as e:
             from passctl.targets.base import EmitError
 
+            blame = ""
             if isinstance(e, EmitError):  # the emitter's ONNX Runtime load check
-                _raise_if_ort_refuses_original(e, reference, path)
+                _raise_if_ort_refuses_original(e, reference, path, emitter)
+                blame = blame_runtime_error(model, e, recorder)
             raise InternalError(f"emitting for {target.name} with {emitter.name} failed: "
-                                f"{type(e).__name__}: {e}",
+                                f"{type(e).__name__}: {one_line(e)}"
+                                + (f"; {blame}" if blame else ""),
                                 write_crash_folder(args.reproducer_dir, argv, e, model)) from e
     if not args.quiet:
         print_summary(console, report)
     return report
 
 
-def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: str) -> None:
+def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: str,
+                                   emitter=None) -> None:
     """After ONNX Runtime failed on a model (the emitter's load check of its output, or
     ``--check-each``'s run of the original): when ONNX Runtime refuses the original model, the
     problem is the user's input, not passctl's.
@@ -250,10 +274,19 @@ def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: s
     Raises:
         UserError: ONNX Runtime cannot load ``reference`` (the input, or the exported ``.pir``
             input); one line naming ``path``, the node and op, and what to do
-            (:func:`passctl.tools.ort_refusal.explain_refusal`).
+            (:func:`passctl.tools.ort_refusal.explain_refusal`); or, for an ONNX Runtime
+            ``emitter`` (its ``optimization_level``), ONNX Runtime's optimizer refuses the
+            original at the shipped level but a lower level loads it: the message names that
+            level and the ``--emit`` option to ship at it
+            (:func:`passctl.tools.ort_refusal.explain_level_refusal`).
     """
     from passctl.tools.ort_refusal import explain_refusal
 
     message = explain_refusal(reference, path)
+    level = getattr(emitter, "optimization_level", None)
+    if message is None and level is not None:  # refused only by ORT's optimizer at that level
+        from passctl.tools.ort_refusal import explain_level_refusal
+
+        message = explain_level_refusal(reference, path, level)
     if message is not None:
         raise UserError(message) from error

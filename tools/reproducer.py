@@ -55,10 +55,10 @@ def write_crash_folder(root: Optional[str], argv: List[str], error: BaseExceptio
 
 
 def check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],
-                          folder: str) -> str:
-    """Crash folder for a failed check: command, IR, report.json and the candidate model files."""
-    crash = write_crash_folder(args.reproducer_dir, argv, RuntimeError("numeric check failed"),
-                                model)
+                          folder: str, why: str = "numeric check failed") -> str:
+    """Crash folder for a failed check or verify run (``why``): command, IR, report.json and the
+    candidate model files."""
+    crash = write_crash_folder(args.reproducer_dir, argv, RuntimeError(why), model)
     write_report(crash, report)
     for name in os.listdir(folder):
         if name.startswith("model.onnx"):

@@ -1,0 +1,287 @@
+"""The verify step of ``passctl compile``: before the output folder is published, the artifact runs
+once on seeded inputs at small sizes in the runtime it targets, and every output must have the
+declared shape and dtype and be finite where the original's is (on the same inputs).
+
+A failure is passctl's bug (an internal error, exit 3, with a reproducer): the message names the
+pass that last touched the failing value, from :class:`TouchRecorder`, a pass-manager instrument
+that records which pass created or changed each node. ``--no-verify`` skips the step."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from passctl.ir.errors import UserError
+from passctl.support.errors import InternalError, one_line
+
+
+class VerifyFailed(InternalError):
+    """The artifact failed the verify run (exit 3; ``reproducer``: the folder with the candidate)."""
+
+
+class TouchRecorder:
+    """Pass-manager instrument: which pass last created or changed each node.
+
+    After every pass it compares each node's signature (op, domain, input and output values,
+    attribute objects, output types) with the one before the pass; a new node, or one whose
+    signature changed, is recorded as touched by that pass. Used only to name the pass to blame
+    when the artifact fails (:meth:`blame`)."""
+
+    def __init__(self) -> None:
+        self._sig: Dict[int, Tuple[Any, tuple]] = {}
+        self._touched: Dict[int, Tuple[Any, str, int]] = {}
+        self._order = 0
+
+    @staticmethod
+    def _signature(node) -> tuple:
+        return (node.op_type, node.domain, node.inputs, node.outputs,
+                tuple((k, id(a)) for k, a in node.attributes.items()),
+                tuple(v.type for v in node.outputs))
+
+    def _snapshot(self, model) -> Dict[int, Tuple[Any, tuple]]:
+        return {id(n): (n, self._signature(n)) for n in model.graph.all_nodes()}
+
+    def on_start(self, model, passes) -> None:
+        self._sig = self._snapshot(model)
+
+    def after_pass(self, pass_, model, record) -> None:
+        self._order += 1
+        new = self._snapshot(model)
+        for key, (node, sig) in new.items():
+            old = self._sig.get(key)
+            if old is None or old[0] is not node or old[1] != sig:
+                self._touched[key] = (node, pass_.name, self._order)
+        self._sig = new
+
+    def pass_of(self, node) -> Optional[str]:
+        """The pass that last touched ``node`` (None when no pass changed it)."""
+        hit = self._touched.get(id(node))
+        return hit[1] if hit is not None and hit[0] is node else None
+
+    def blame(self, node) -> Tuple[Optional[str], Any]:
+        """``(pass, node)``: the pass that last touched ``node``, or, when none did, the most
+        recent pass that touched a node it reads from (transitively); ``(None, None)`` when no
+        pass changed anything it depends on."""
+        if self.pass_of(node) is not None:
+            return self.pass_of(node), node
+        best: Tuple[int, Optional[str], Any] = (-1, None, None)
+        seen, stack = {id(node)}, [node]
+        while stack:
+            n = stack.pop()
+            for v in n.inputs:
+                p = v.producer if v is not None else None
+                if p is None or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                hit = self._touched.get(id(p))
+                if hit is not None and hit[0] is p and hit[2] > best[0]:
+                    best = (hit[2], hit[1], p)
+                stack.append(p)
+        return best[1], best[2]
+
+
+_ORT_NODE = re.compile(r"running (\S+) node\. Name:'([^']*)'")
+_NODE_IN_LOAD = re.compile(r"Node \(([^)]*)\)|node (?:with name )?'([^']+)'", re.IGNORECASE)
+
+
+def _node_label(node) -> str:
+    return f"node '{node.name}' ({node.op_type})" if node.name else f"a {node.op_type} node"
+
+
+def blame_runtime_error(model, error: BaseException, recorder: Optional[TouchRecorder]) -> str:
+    """``last touched by pass 'P' (...)`` for the node a runtime's error message names (its load
+    check or a run), or "" when the message names no node of ``model``."""
+    node = _node_of_error(model, str(error), recorder)
+    return "" if node is None else _blame_text(recorder, node, "it")
+
+
+def _blame_text(recorder: Optional[TouchRecorder], node, what: str) -> str:
+    """``last touched by pass 'P' (node 'N' (Op))`` for the value ``what`` produced by ``node``."""
+    if recorder is None or node is None:
+        return "the pass responsible is unknown (no pass record)"
+    name, culprit = recorder.blame(node)
+    if name is None:
+        return (f"no pass changed {what} or anything it reads (the emitter or the runtime is "
+                "responsible)")
+    where = "" if culprit is node else f", upstream of {_node_label(node)}"
+    return f"last touched by pass '{name}' ({_node_label(culprit)}{where})"
+
+
+def _nodes_by_name(model) -> Dict[str, Any]:
+    return {n.name: n for n in model.graph.all_nodes() if n.name}
+
+
+def _node_of_error(model, message: str, recorder: Optional[TouchRecorder]) -> Any:
+    """The IR node a runtime error message names (by node name, else the only node of the op
+    type), or None."""
+    by_name = _nodes_by_name(model)
+    m = _ORT_NODE.search(message)
+    if m:
+        op, name = m.groups()
+        if name in by_name:
+            return by_name[name]
+        same = [n for n in model.graph.all_nodes() if n.op_type == op]
+        return same[0] if len(same) == 1 else _latest_touched(same, recorder)
+    for m in _NODE_IN_LOAD.finditer(message):
+        name = m.group(1) or m.group(2)
+        if name in by_name:
+            return by_name[name]
+    return None
+
+
+def _latest_touched(nodes, recorder: Optional[TouchRecorder]) -> Any:
+    """Of ``nodes`` (all of the op a runtime error names, none by name), the one a pass touched
+    last (the first when none was touched); None for no nodes."""
+    if recorder is None or not nodes:
+        return nodes[0] if nodes else None
+    ranked = [(recorder._touched.get(id(n), (None, None, -1))[2], i, n) for i, n in enumerate(nodes)]
+    return max(ranked, key=lambda t: (t[0], -t[1]))[2]
+
+
+def _declared_dtype(value) -> Optional[str]:
+    from passctl.targets.base import dtype_name
+
+    return dtype_name(value)
+
+
+def _shape_problem(value, got: np.ndarray, bound: Dict[str, int],
+                   want: Optional[np.ndarray]) -> Optional[str]:
+    """Why output ``got`` does not fit ``value``'s declared shape (dim_params bind across
+    outputs and inputs through ``bound``) or the original's output ``want``; None when it fits."""
+    shape = value.shape
+    if shape is not None:
+        dims = list(shape.dims)
+        if len(dims) != got.ndim:
+            return f"has rank {got.ndim} (shape {list(got.shape)}) where rank {len(dims)} " \
+                   f"({dims}) is declared"
+        for axis, (d, n) in enumerate(zip(dims, got.shape)):
+            if isinstance(d, int) and d >= 0 and d != n:
+                return f"has shape {list(got.shape)} where {dims} is declared (axis {axis})"
+            if isinstance(d, str) and d and d not in ("?", "-1", "None", "unk"):
+                if bound.setdefault(d, int(n)) != n:
+                    return (f"has shape {list(got.shape)} where {dims} is declared and "
+                            f"'{d}' is {bound[d]} elsewhere")
+    if want is not None and tuple(want.shape) != tuple(got.shape):
+        return f"has shape {list(got.shape)} where the original's is {list(want.shape)}"
+    return None
+
+
+def _nonfinite_problem(got: np.ndarray, want: Optional[np.ndarray]) -> Optional[str]:
+    if want is None or got.dtype.kind not in "fc" or want.shape != got.shape:
+        return None
+    try:
+        bad = np.isfinite(want.astype(np.float64)) & ~np.isfinite(got.astype(np.float64))
+    except (TypeError, ValueError):
+        return None
+    count = int(bad.sum())
+    if not count:
+        return None
+    return (f"is NaN or infinite at {count} of {got.size} positions where the original is finite "
+            f"(first at index {[int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape)]})")
+
+
+def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, int],
+                    seed: int, recorder: Optional[TouchRecorder]) -> Dict[str, Any]:
+    """Run the artifact in ``folder`` once and check its outputs; return ``report["verify"]``.
+
+    Inputs: seeded random arrays (``seed``) at the sizes of ``dims`` (``--dim``), else the small
+    defaults of :func:`passctl.support.inputs.make_inputs` (batch 1, sequence 16, spatial 32,
+    other 16) for symbolic dims, and a TVM artifact's static manifest shapes. The original
+    (``reference``, ONNX Runtime's CPU provider, optimizations off) runs on the same arrays.
+    The artifact runs where it ships: an ONNX Runtime artifact at its ``session.json``
+    optimization level, a TVM artifact in ``tvm.runtime``, any other ``model.onnx`` (TensorRT's)
+    in ONNX Runtime unoptimized. Every output must exist, have the declared dtype, rank and
+    static dims (a ``dim_param`` the same size everywhere it appears), the original's shape, and
+    be finite (no NaN / inf) wherever the original's output is finite.
+
+    Returns:
+        ``{"ran", "ms", "runtime", "dims", "inputs", "outputs"}`` (``outputs``: ``name``, ``shape``,
+        ``dtype`` per artifact output); ``ran`` is false with ``reason`` when the step cannot
+        judge here: the original itself fails on the inputs (its sizes are the user's to give
+        with ``--check --dim``) or the CPU has no kernel for a GPU artifact.
+
+    Raises:
+        VerifyFailed: the artifact fails to run where the original runs, or an output breaks a
+            rule above; one line naming the output (or node), what is wrong and the pass that last
+            touched it (``reproducer`` is set by the caller).
+    """
+    from passctl.support.check import run_onnxruntime
+    from passctl.support.inputs import draw_inputs, plan_inputs
+    from passctl.targets.tvm.runtime import is_tvm_artifact
+    from passctl.tools.numeric_check import _candidate_dims, _run_candidate, _session_optimization
+    start = time.perf_counter()
+    tvm = is_tvm_artifact(folder)
+    candidate = os.path.join(folder, "model.onnx")
+    level = _session_optimization(folder)
+    runtime = "tvm" if tvm else f"onnxruntime {level or 'ORT_DISABLE_ALL'}"
+    entry: Dict[str, Any] = {"ran": False, "ms": 0.0, "runtime": runtime}
+
+    def done(**kw) -> Dict[str, Any]:
+        entry.update(kw)
+        entry["ms"] = round((time.perf_counter() - start) * 1e3, 3)
+        return entry
+
+    try:
+        plan = plan_inputs(header, dim_values=_candidate_dims(folder, model, dims, tvm))
+        inputs = draw_inputs(plan, seed)
+    except UserError as e:
+        return done(reason=f"no seeded inputs for this model: {one_line(e)}")
+    shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
+    entry.update(dims=plan.dims, inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)}
+                                         for k, v in inputs.items()])
+    try:
+        want: Optional[Dict[str, Any]] = run_onnxruntime(reference, inputs)
+        original_error = ""
+    except Exception as e:  # noqa: BLE001  (ORT's Fail / InvalidArgument / RuntimeException)
+        want, original_error = None, one_line(e)
+    try:
+        got = _run_candidate(folder, candidate, inputs, tvm, level)
+    except UserError as e:  # the CPU provider has no kernel for a GPU artifact's precision
+        return done(reason=one_line(e))
+    except Exception as e:  # noqa: BLE001
+        if want is None:
+            return done(reason=f"the original fails on the seeded inputs too ({original_error}); "
+                               "give sizes that fit with --check --dim NAME=SIZE")
+        text = one_line(e)
+        node = _node_of_error(model, str(e), recorder)
+        raise VerifyFailed(
+            f"verify: the artifact fails in {runtime} on seeded inputs ({shapes}) where the "
+            f"original runs: {text[:300]}; {_blame_text(recorder, node, 'it')}; the candidate is "
+            "in the reproducer (--no-verify ships without this run)") from e
+
+    bound = {k: v for k, v in plan.dims.items() if not k.endswith("]")}
+    outputs: List[Dict[str, Any]] = []
+    declared = {v.name: v for v in model.graph.outputs}
+    for name, value in declared.items():
+        arr = got.get(name)
+        problem = None
+        if arr is None:
+            problem = "is missing from the artifact's outputs"
+        else:
+            arr = np.asarray(arr)
+            ref = None if want is None else want.get(name)
+            ref = None if ref is None else np.asarray(ref)
+            dtype = _declared_dtype(value)
+            if dtype is not None and arr.dtype.name != dtype:
+                problem = f"has dtype {arr.dtype.name} where {dtype} is declared"
+            problem = problem or _shape_problem(value, arr, bound, ref) or \
+                _nonfinite_problem(arr, ref)
+            outputs.append({"name": name, "shape": list(arr.shape), "dtype": arr.dtype.name})
+        if problem is not None:
+            node = value.producer
+            raise VerifyFailed(
+                f"verify: output '{name}' of the artifact {problem} on seeded inputs ({shapes}); "
+                f"{_blame_text(recorder, node, f'{name!r}')}; the candidate is in the reproducer "
+                "(--no-verify ships without this run)")
+    extra = sorted(set(got) - set(declared))
+    if extra:
+        raise VerifyFailed(f"verify: the artifact returns undeclared outputs {extra}; the "
+                           "candidate is in the reproducer")
+    if want is None:
+        entry["original"] = f"fails on these inputs ({original_error}): shapes and dtypes " \
+                            "checked against the declarations only"
+    return done(ran=True, outputs=outputs)
