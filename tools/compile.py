@@ -175,6 +175,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             with context:
                 result = manager.run(model)
         except PassFailure as e:
+            _raise_if_environment_fault(e, e.reproducer)
             raise InternalError(str(e), e.reproducer) from e
         except VerifyError as e:
             if e.pass_name is None:
@@ -263,6 +264,33 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     if not args.quiet:
         print_summary(console, report)
     return report
+
+
+def _raise_if_environment_fault(error: BaseException, reproducer) -> None:
+    """A pass that failed because the disk is full (or a quota is exhausted): remove the crash
+    reproducer the pass manager's instrument wrote for it (and its default parent folder when
+    that is left empty), and raise the environment's error.
+
+    Raises:
+        EnvironmentFault: ``error`` was caused by a full disk
+            (:func:`passctl.support.errors.environment_fault`).
+    """
+    import shutil
+
+    from passctl.support.errors import EnvironmentFault, environment_fault, fault_message
+
+    fault = environment_fault(error)
+    if fault is None:
+        return
+    if reproducer and os.path.isdir(reproducer):
+        shutil.rmtree(reproducer, ignore_errors=True)
+        parent = os.path.dirname(reproducer)
+        if os.path.basename(parent).startswith("passctl-crash-"):
+            try:
+                os.rmdir(parent)  # only when empty
+            except OSError:
+                pass
+    raise EnvironmentFault(fault_message(fault)) from error
 
 
 def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: str,

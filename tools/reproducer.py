@@ -28,12 +28,17 @@ def write_crash_folder(root: Optional[str], argv: List[str], error: BaseExceptio
     """A reproducer for a failure outside the passes: the command, traceback and IR (when given).
 
     The folder is ``<root>/compile-XXXX`` (``root``: ``--reproducer-dir``, else a fresh folder under
-    the system temp folder). It holds ``command.sh`` (re-runs the command, with the running
+    the system temp folder). A failure caused by a full disk or quota gets none: it raises
+    :class:`passctl.support.errors.EnvironmentFault` instead. It holds ``command.sh`` (re-runs the command, with the running
     interpreter, in the folder it was run from), ``traceback.txt`` and, with ``model``, ``model.pir`` (large constants in
     ``model.weights``).
     """
     from passctl.passes.instruments import passctl_command
+    from passctl.support.errors import EnvironmentFault, environment_fault, fault_message
 
+    fault = environment_fault(error)
+    if fault is not None:  # a full disk is no bug: no reproducer (it could not be written anyway)
+        raise EnvironmentFault(fault_message(fault)) from error
     root = os.path.abspath(root or default_reproducer_dir())
     os.makedirs(root, exist_ok=True)
     folder = tempfile.mkdtemp(prefix="compile-", dir=root)
