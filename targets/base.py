@@ -207,7 +207,18 @@ def remove_stale_staging(out: str) -> List[str]:
     import re
 
     parent, base = os.path.dirname(os.path.abspath(out)), os.path.basename(out)
-    pattern = re.compile(r"\." + re.escape(base) + r"\.(?:tmp|old)-(\d+)-[^/]*")
+    return remove_dead_pid_folders(parent, re.compile(r"\." + re.escape(base)
+                                                      + r"\.(?:tmp|old)-(\d+)-[^/]*"))
+
+
+def remove_dead_pid_folders(parent: str, pattern) -> List[str]:
+    """Remove the folders in ``parent`` whose name fully matches ``pattern`` (a compiled regex
+    whose group 1 is a process id) when that process no longer runs; links, files and folders of
+    live processes are kept, errors ignored.
+
+    Returns:
+        the paths removed.
+    """
     try:
         names = os.listdir(parent)
     except OSError:

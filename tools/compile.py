@@ -43,6 +43,17 @@ class _ProgressInstrument:
         self.progress.update(pass_.name, advance=1)
 
 
+def _work_prefix() -> str:
+    """``passctl-work-<pid>-``: the prefix of compile's temporary folder under the system temp
+    folder; first removes those of killed runs (their process no longer runs)."""
+    import re
+
+    from passctl.targets.base import remove_dead_pid_folders
+
+    remove_dead_pid_folders(tempfile.gettempdir(), re.compile(r"passctl-work-(\d+)-[^/]*"))
+    return f"passctl-work-{os.getpid()}-"
+
+
 def _reference_model(model, path: str, workdir: str) -> str:
     """An ONNX file of the original model for the numeric check (the input itself when ONNX)."""
     if not path.endswith(IR_TEXT_SUFFIX):
@@ -133,7 +144,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     steps = 1 + len(passes) + 1 + 1 + int(verifying) + int(args.check)
 
     with DelayedProgress(console, total=steps) as progress, \
-            tempfile.TemporaryDirectory(prefix="passctl-") as work:
+            tempfile.TemporaryDirectory(prefix=_work_prefix()) as work:
         progress.update("loading the model")
         model, path = load_model(args.model)
         given_out = args.out or default_out(path)

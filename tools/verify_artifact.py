@@ -27,26 +27,30 @@ class TouchRecorder:
     """Pass-manager instrument: which pass last created or changed each node.
 
     After every pass it compares each node's signature (op, domain, input and output values,
-    attribute objects, output types) with the one before the pass; a new node, or one whose
-    signature changed, is recorded as touched by that pass. Used only to name the pass to blame
+    attribute objects, output names and types) with the one before the pass; a new node, or one
+    whose signature changed, is recorded as touched by that pass, and so is the producer of a
+    graph output that is now another value (a removed node whose input became the output). Used only to name the pass to blame
     when the artifact fails (:meth:`blame`)."""
 
     def __init__(self) -> None:
         self._sig: Dict[int, Tuple[Any, tuple]] = {}
         self._touched: Dict[int, Tuple[Any, str, int]] = {}
         self._order = 0
+        self._outputs: tuple = ()
+        self._by_source: Dict[str, List[str]] = {}  # source node name -> passes, in order
 
     @staticmethod
     def _signature(node) -> tuple:
         return (node.op_type, node.domain, node.inputs, node.outputs,
                 tuple((k, id(a)) for k, a in node.attributes.items()),
-                tuple(v.type for v in node.outputs))
+                tuple((v.name, v.type) for v in node.outputs))
 
     def _snapshot(self, model) -> Dict[int, Tuple[Any, tuple]]:
         return {id(n): (n, self._signature(n)) for n in model.graph.all_nodes()}
 
     def on_start(self, model, passes) -> None:
         self._sig = self._snapshot(model)
+        self._outputs = tuple(model.graph.outputs)
 
     def after_pass(self, pass_, model, record) -> None:
         self._order += 1
@@ -54,8 +58,30 @@ class TouchRecorder:
         for key, (node, sig) in new.items():
             old = self._sig.get(key)
             if old is None or old[0] is not node or old[1] != sig:
-                self._touched[key] = (node, pass_.name, self._order)
-        self._sig = new
+                self._touch(node, pass_.name)
+        outputs = tuple(model.graph.outputs)
+        for i, v in enumerate(outputs):
+            was = self._outputs[i] if i < len(self._outputs) else None
+            if v is not was and v.producer is not None:
+                self._touch(v.producer, pass_.name)
+        self._sig, self._outputs = new, outputs
+
+    def _touch(self, node, name: str) -> None:
+        self._touched[id(node)] = (node, name, self._order)
+        for source in node.provenance:
+            passes = self._by_source.setdefault(source, [])
+            if not passes or passes[-1] != name:
+                passes.append(name)
+
+    def history(self, node) -> List[str]:
+        """The passes that touched nodes made from ``node``'s source nodes (its provenance), in
+        order: the rewrites that led to it even where a later pass replaced the node object."""
+        passes: List[str] = []
+        for source in node.provenance:
+            for name in self._by_source.get(source, []):
+                if name not in passes:
+                    passes.append(name)
+        return passes
 
     def pass_of(self, node) -> Optional[str]:
         """The pass that last touched ``node`` (None when no pass changed it)."""
@@ -108,6 +134,10 @@ def _blame_text(recorder: Optional[TouchRecorder], node, what: str) -> str:
         return (f"no pass changed {what} or anything it reads (the emitter or the runtime is "
                 "responsible)")
     where = "" if culprit is node else f", upstream of {_node_label(node)}"
+    history = recorder.history(culprit)
+    if len(history) > 1:
+        where += (f"; the passes that rewrote its source nodes "
+                  f"{', '.join(repr(p) for p in culprit.provenance[:3])}: {', '.join(history)}")
     return f"last touched by pass '{name}' ({_node_label(culprit)}{where})"
 
 
@@ -246,7 +276,9 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
         if want is None:
             return done(reason=f"the original fails on the seeded inputs too ({original_error}); "
                                "give sizes that fit with --check --dim NAME=SIZE")
-        text = one_line(e)
+        from passctl.tools.ort_refusal import clean_message
+
+        text = clean_message(e)
         node = _node_of_error(model, str(e), recorder)
         raise VerifyFailed(
             f"verify: the artifact fails in {runtime} on seeded inputs ({shapes}) where the "
