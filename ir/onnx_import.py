@@ -30,7 +30,7 @@ def default_provenance(name: str, op_type: str, index: int) -> Tuple[str, ...]:
     return (name,) if name else (f"{op_type}@{index}",)
 
 
-def load(path: Union[str, os.PathLike]) -> Model:
+def load(path: Union[str, os.PathLike], check_data: bool = False) -> Model:
     """Read an ONNX file into a :class:`Model` without reading external weights.
 
     Embedded weights are kept as raw bytes; external data is memory-mapped on first use, never
@@ -38,19 +38,23 @@ def load(path: Union[str, os.PathLike]) -> Model:
 
     Args:
         path: the ``.onnx`` file.
+        check_data: refuse a tensor whose data does not match its declared dims and type
+            (:func:`check_tensor_data`; the CLI's loads, since ONNX Runtime refuses such a model);
+            off by default, so the IR keeps even a broken tensor byte for byte.
 
     Returns:
         The model.
 
     Raises:
         ModelLoadError: the path is missing or not a file, the file is not ONNX or is truncated,
-            or an external-data file is missing, too short or outside the model's folder.
+            an external-data file is missing, not a regular file, too short or outside the
+            model's folder, or (``check_data``) a tensor lacks its declared data.
     """
     path = os.fspath(path)
     proto, raw = read_model_file(path)
     base_dir = os.path.dirname(os.path.abspath(path))
     try:
-        model = _Importer(base_dir, consume=True, raw=raw).model(proto)
+        model = _Importer(base_dir, consume=True, raw=raw, check_data=check_data).model(proto)
     except ValueError as e:  # external-data checks of Tensor.from_proto
         raise ModelLoadError(f"{path}: {e}") from None
     model.base_dir = base_dir
@@ -99,7 +103,9 @@ class _Scope:
 
 
 class _Importer:
-    def __init__(self, base_dir: str, consume: bool, raw: Optional[Split] = None):
+    def __init__(self, base_dir: str, consume: bool, raw: Optional[Split] = None,
+                 check_data: bool = False):
+        self.check_data = check_data
         self.base_dir = base_dir
         self.consume = consume
         # raw_data read apart from the proto by onnx_split, by tensor path (see Split).
@@ -256,7 +262,8 @@ class _Importer:
         return Attr(a.name, t, value, a.doc_string)
 
     def tensor(self, tp: onnx.TensorProto, raw=None, what: str = "tensor") -> Tensor:
-        check_tensor_data(tp, raw, what)
+        if self.check_data:
+            check_tensor_data(tp, raw, what)
         if raw is not None:  # raw_data read apart from the proto (see onnx_split)
             if tp.data_location != onnx.TensorProto.EXTERNAL and not tp.HasField("segment"):
                 meta = {e.key: e.value for e in tp.metadata_props}
