@@ -225,7 +225,11 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             report["artifact"] = dict(info, path=out)
             report["check"] = None
             report["verify"] = {"ran": False, "reason": "--no-verify"}
-            if verifying:
+            if not verifying:  # release the session the emitter's load check kept for it
+                from passctl.targets.onnx_file import take_loaded_session
+
+                take_loaded_session("", False)
+            else:
                 progress.update("verifying the artifact on seeded inputs", advance=1)
                 try:
                     report["verify"] = verify_artifact(
@@ -272,6 +276,10 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                                 f"{type(e).__name__}: {one_line(e)}"
                                 + (f"; {blame}" if blame else ""),
                                 write_crash_folder(args.reproducer_dir, argv, e, model)) from e
+        finally:
+            from passctl.targets.onnx_file import take_loaded_session
+
+            take_loaded_session("", False)  # release the load check's session, if still kept
     if not args.quiet:
         print_summary(console, report)
     return report
