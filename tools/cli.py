@@ -319,7 +319,7 @@ def _dispatch(args, argv: List[str], console) -> int:
         check_compile_args(args)
         try:
             run_compile(args, argv, console)
-        except (UserError, InternalError):
+        except (UserError, InternalError, EnvironmentFault):
             raise
         except Exception as e:  # a bug outside any pass (import, export...): keep a reproducer
             if isinstance(e, BrokenPipeError) and stdout_closed(console):

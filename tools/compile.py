@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 from passctl.ir.errors import UserError
 from passctl.support.context import CompileContext
 from passctl.support.dims import parse_dim_args
-from passctl.support.errors import CheckFailed, InternalError, one_line
+from passctl.support.errors import CheckFailed, EnvironmentFault, InternalError, one_line
 from passctl.support.input_files import load_input_file
 from passctl.tools.model_source import IR_TEXT_SUFFIX, load_model
 from passctl.tools.numeric_check import (bounds_note, calibration_feed, check_bounds, check_inputs,
@@ -263,7 +263,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         progress.update(f"writing the {emitter.name} artifact")
         try:
             emitter.emit(model, target, out, finalize)
-        except (UserError, InternalError):
+        except (UserError, InternalError, EnvironmentFault):
             raise
         except Exception as e:
             from passctl.targets.base import EmitError

@@ -3,6 +3,7 @@ for a failure outside the passes (the pass manager's own reproducer covers a fai
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -33,7 +34,6 @@ def write_crash_folder(root: Optional[str], argv: List[str], error: BaseExceptio
     interpreter, in the folder it was run from), ``traceback.txt`` and, with ``model``, ``model.pir`` (large constants in
     ``model.weights``).
     """
-    from passctl.passes.instruments import passctl_command
     from passctl.support.errors import EnvironmentFault, environment_fault, fault_message
 
     fault = environment_fault(error)
@@ -42,6 +42,37 @@ def write_crash_folder(root: Optional[str], argv: List[str], error: BaseExceptio
     root = os.path.abspath(root or default_reproducer_dir())
     os.makedirs(root, exist_ok=True)
     folder = tempfile.mkdtemp(prefix="compile-", dir=root)
+    with _removed_if_disk_full(folder, error):
+        _write_crash_files(folder, argv, error, model)
+    return folder
+
+
+@contextlib.contextmanager
+def _removed_if_disk_full(folder: str, error: BaseException):
+    """Remove the half-written reproducer ``folder`` when the disk fills up while it is written,
+    and raise the environment's error instead (``error``: the failure being reported)."""
+    from passctl.support.errors import EnvironmentFault, environment_fault, fault_message
+
+    try:
+        yield
+    except Exception as e:
+        fault = environment_fault(e)
+        if fault is None:
+            raise
+        shutil.rmtree(folder, ignore_errors=True)
+        parent = os.path.dirname(folder)
+        if os.path.basename(parent).startswith("passctl-crash-"):  # the default root, made now
+            try:
+                os.rmdir(parent)  # only when empty
+            except OSError:
+                pass
+        raise EnvironmentFault(fault_message(fault)) from e
+
+
+def _write_crash_files(folder: str, argv: List[str], error: BaseException, model) -> None:
+    from passctl.passes.instruments import passctl_command
+    from passctl.support.errors import environment_fault
+
     with open(os.path.join(folder, "command.sh"), "w") as f:
         f.write(f"cd {shlex.quote(os.getcwd())} || exit 1\n"
                 + " ".join(shlex.quote(a) for a in passctl_command() + list(argv)) + "\n")
@@ -54,18 +85,21 @@ def write_crash_folder(root: Optional[str], argv: List[str], error: BaseExceptio
             text = print_model(model, weights_path=os.path.join(folder, "model.weights"))
             with open(os.path.join(folder, "model.pir"), "w") as f:
                 f.write(text)
-        except Exception:  # the reproducer must not hide the original error
+        except Exception as e:  # the reproducer must not hide the original error
+            if environment_fault(e) is not None:
+                raise
             logger.exception("could not print the model into the reproducer")
-    return folder
 
 
 def check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],
                           folder: str, why: str = "numeric check failed") -> str:
     """Crash folder for a failed check or verify run (``why``): command, IR, report.json and the
     candidate model files."""
-    crash = write_crash_folder(args.reproducer_dir, argv, RuntimeError(why), model)
-    write_report(crash, report)
-    for name in os.listdir(folder):
-        if name.startswith("model.onnx"):
-            shutil.copy2(os.path.join(folder, name), os.path.join(crash, name))
+    error = RuntimeError(why)
+    crash = write_crash_folder(args.reproducer_dir, argv, error, model)
+    with _removed_if_disk_full(crash, error):
+        write_report(crash, report)
+        for name in os.listdir(folder):
+            if name.startswith("model.onnx"):
+                shutil.copy2(os.path.join(folder, name), os.path.join(crash, name))
     return crash

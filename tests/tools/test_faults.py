@@ -143,6 +143,46 @@ def test_a_full_disk_inside_a_pass_leaves_no_reproducer(capsys, tmp_path, model)
     assert not out.exists() and (not repro.exists() or os.listdir(repro) == [])
 
 
+def test_a_full_disk_while_writing_a_reproducer_leaves_none(capsys, tmp_path, model,
+                                                           monkeypatch):
+    """The verify run fails (a test pass drops a rank) and the disk fills up while its
+    reproducer is written: exit 4, and the half-written reproducer is removed."""
+    from passctl.tools import reproducer
+
+    def full(folder, report):
+        with open(os.path.join(folder, "report.json"), "w") as f:
+            f.write("{")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(folder, "report.json"))
+
+    monkeypatch.setattr(reproducer, "write_report", full)
+    plugin = tmp_path / "drop.py"
+    plugin.write_text(textwrap.dedent("""
+        import numpy as np
+        from passctl.ir import Node
+        from passctl.passes.base import Pass, PassResult
+        from passctl.passes.registry import register_pass
+
+        @register_pass(replace=True)
+        class Drop(Pass):
+            name = "test-drop-axis"
+            summary = "test only: Reshape the Relu input to 16 elements in one axis"
+
+            def run(self, model):
+                relu = next(n for n in model.graph if n.op_type == "Relu")
+                shape = model.graph.add_constant(np.array([16], np.int64), "flat")
+                r = Node("", "Reshape", [relu.inputs[0], shape], name="flatten")
+                model.graph.insert_before(relu, r)
+                relu.set_input(0, r.outputs[0])
+                return PassResult(True, {})
+    """))
+    out, repro = tmp_path / "out", tmp_path / "repro"
+    rc, _, err = _cli(capsys, model, "--load", plugin, "-p", "cleanup,test-drop-axis", "-o", out,
+                      "--reproducer-dir", repro, "-q")
+    assert rc == 4, err
+    assert err.count("passctl: ") == 1 and "ENOSPC" in err and "report.json" in err
+    assert not out.exists() and os.listdir(repro) == [] and _hidden(tmp_path, "out") == []
+
+
 def test_exit_codes_are_in_the_help(capsys):
     rc, out, _ = _cli(capsys, "compile", "--help")
     assert rc == 0
