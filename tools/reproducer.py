@@ -94,12 +94,14 @@ def _write_crash_files(folder: str, argv: List[str], error: BaseException, model
 def check_failure_folder(args, argv: List[str], model, report: Dict[str, Any],
                           folder: str, why: str = "numeric check failed") -> str:
     """Crash folder for a failed check or verify run (``why``): command, IR, report.json and the
-    candidate model files."""
+    candidate's files (every plain file of the staging ``folder``: ``model.onnx`` and its data,
+    a TVM artifact's ``model.so``, ``model.params`` and ``manifest.json``, ...)."""
     error = RuntimeError(why)
     crash = write_crash_folder(args.reproducer_dir, argv, error, model)
     with _removed_if_disk_full(crash, error):
         write_report(crash, report)
         for name in os.listdir(folder):
-            if name.startswith("model.onnx"):
-                shutil.copy2(os.path.join(folder, name), os.path.join(crash, name))
+            source = os.path.join(folder, name)
+            if name != "report.json" and os.path.isfile(source) and not os.path.islink(source):
+                shutil.copy2(source, os.path.join(crash, name))
     return crash

@@ -161,6 +161,26 @@ def test_a_broken_artifact_is_not_published_without_check(capsys, tmp_path, plug
     _nothing_published(tmp_path, out)
 
 
+def test_a_tvm_library_is_verified_in_tvm_runtime(capsys, tmp_path, plugin):
+    """--emit tvm: the built library runs in tvm.runtime; a dropped rank is caught there too, and
+    the reproducer keeps the library."""
+    model, out, repro = _model(tmp_path, batch=1), tmp_path / "out", tmp_path / "repro"
+    rc, _, err = _cli(capsys, model, "--load", plugin, "-p", "cleanup,test-drop-rank", "--emit",
+                      "tvm", "-o", out, "--reproducer-dir", repro, "-q")
+    assert rc == 3, err
+    assert "output 'y' of the artifact has rank 1 (shape [4])" in err
+    assert "pass 'test-drop-rank'" in err
+    folder = err.strip().splitlines()[1].split(": ", 2)[2]
+    assert {"model.so", "manifest.json", "report.json"} <= set(os.listdir(folder))
+    assert json.loads(open(os.path.join(folder, "report.json")).read())["verify"]["ok"] is False
+    _nothing_published(tmp_path, out)
+    rc, _, err = _cli(capsys, model, "-p", "cleanup", "--emit", "tvm", "-o", out, "-q")
+    assert rc == 0, err
+    verify = json.loads((out / "report.json").read_text())["verify"]
+    assert verify["ran"] is True and verify["runtime"] == "tvm"
+    assert verify["outputs"] == [{"name": "y", "shape": [1, 4], "dtype": "float32"}]
+
+
 def test_the_verify_failure_keeps_the_candidate_and_the_report(capsys, tmp_path, plugin):
     out, repro = tmp_path / "out", tmp_path / "repro"
     rc, _, err = _cli(capsys, _model(tmp_path), "--load", plugin, "-p", "cleanup,test-drop-rank", "-o",
