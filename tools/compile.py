@@ -225,6 +225,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             report["artifact"] = dict(info, path=out)
             report["check"] = None
             report["verify"] = {"ran": False, "reason": "--no-verify"}
+            verified = None
             if not verifying:  # release the session the emitter's load check kept for it
                 from passctl.targets.onnx_file import take_loaded_session
 
@@ -232,9 +233,9 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             else:
                 progress.update("verifying the artifact on seeded inputs", advance=1)
                 try:
-                    report["verify"] = verify_artifact(
+                    report["verify"], verified = verify_artifact(
                         folder, model, reference, header or load_header(reference), dims,
-                        args.seed, recorder)
+                        args.seed, recorder, known)
                 except VerifyFailed as e:
                     report["verify"] = {"ran": True, "ok": False, "error": str(e)}
                     e.reproducer = check_failure_folder(args, argv, model, report, folder,
@@ -245,7 +246,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                 progress.update("checking against the original", advance=1)
                 report["check"] = run_check(reference, header, os.path.join(folder, "model.onnx"),
                                             model, args, context.check_bounds, dims, overrides,
-                                            known)
+                                            known or verified)
                 for warning in report["check"]["warnings"]:
                     report["warnings"].append(warning)
                     print(f"passctl: warning: {warning}", file=sys.stderr)

@@ -218,8 +218,12 @@ def _nonfinite_problem(got: np.ndarray, want: Optional[np.ndarray]) -> Optional[
 
 
 def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, int],
-                    seed: int, recorder: Optional[TouchRecorder]) -> Dict[str, Any]:
-    """Run the artifact in ``folder`` once and check its outputs; return ``report["verify"]``.
+                    seed: int, recorder: Optional[TouchRecorder],
+                    known: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None
+                    ) -> Tuple[Dict[str, Any], Optional[Tuple[Dict[str, Any], Dict[str, Any]]]]:
+    """Run the artifact in ``folder`` once and check its outputs; return ``report["verify"]``
+    and ``(inputs, original outputs)`` (None when the original did not run), which a later
+    ``--check`` on the same inputs reuses.
 
     Inputs: seeded random arrays (``seed``) at the sizes of ``dims`` (``--dim``), else the small
     defaults of :func:`passctl.support.inputs.make_inputs` (batch 1, sequence 16, spatial 32,
@@ -228,12 +232,17 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
     The artifact runs where it ships: an ONNX Runtime artifact at its ``session.json``
     optimization level, a TVM artifact in ``tvm.runtime``, any other ``model.onnx`` (TensorRT's)
     in ONNX Runtime unoptimized. Every output must exist, have the declared dtype, rank and
-    static dims (a ``dim_param`` the same size everywhere it appears), the original's shape, and
-    be finite (no NaN / inf) wherever the original's output is finite.
+    static dims (a ``dim_param`` the same size everywhere it appears) and be finite (no NaN / inf)
+    wherever the original's output is finite. Where the original ran, its outputs' dtypes and
+    shapes are the reference: an artifact output that matches them but not the declaration (the
+    original model's own declaration is wrong) passes, with a note.
+
+    ``known``: ``(inputs, outputs)`` of the original already run (``--check-each``'s), reused
+    when the inputs are the same arrays.
 
     Returns:
-        ``{"ran", "ms", "runtime", "dims", "inputs", "outputs"}`` (``outputs``: ``name``, ``shape``,
-        ``dtype`` per artifact output); ``ran`` is false with ``reason`` when the step cannot
+        the report entry ``{"ran", "ms", "runtime", "dims", "inputs", "outputs"}`` (``outputs``: ``name``, ``shape``,
+        ``dtype`` per artifact output), plus ``notes`` for declarations the original breaks too; ``ran`` is false with ``reason`` when the step cannot
         judge here: the original itself fails on the inputs (its sizes are the user's to give
         with ``--check --dim``) or the CPU has no kernel for a GPU artifact.
 
@@ -253,10 +262,12 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
     runtime = "tvm" if tvm else f"onnxruntime {level or 'ORT_DISABLE_ALL'}"
     entry: Dict[str, Any] = {"ran": False, "ms": 0.0, "runtime": runtime}
 
-    def done(**kw) -> Dict[str, Any]:
+    ran: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None
+
+    def done(**kw):
         entry.update(kw)
         entry["ms"] = round((time.perf_counter() - start) * 1e3, 3)
-        return entry
+        return entry, ran
 
     try:
         plan = plan_inputs(header, dim_values=_candidate_dims(folder, model, dims, tvm))
@@ -266,11 +277,17 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
     shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
     entry.update(dims=plan.dims, inputs=[{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)}
                                          for k, v in inputs.items()])
-    try:
-        want: Optional[Dict[str, Any]] = run_onnxruntime(reference, inputs)
-        original_error = ""
-    except Exception as e:  # noqa: BLE001  (ORT's Fail / InvalidArgument / RuntimeException)
-        want, original_error = None, one_line(e)
+    original_error = ""
+    if known is not None and known[0].keys() == inputs.keys() and all(
+            known[0][k].dtype == v.dtype and np.array_equal(known[0][k], v)
+            for k, v in inputs.items()):
+        want: Optional[Dict[str, Any]] = known[1]
+    else:
+        try:
+            want = run_onnxruntime(reference, inputs)
+        except Exception as e:  # noqa: BLE001  (ORT's Fail / InvalidArgument / RuntimeException)
+            want, original_error = None, one_line(e)
+    ran = None if want is None else (inputs, want)
     from passctl.targets.onnx_file import take_loaded_session
 
     session = None if tvm else take_loaded_session(candidate, level or False)
@@ -297,6 +314,7 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
 
     bound = {k: v for k, v in plan.dims.items() if not k.endswith("]")}
     outputs: List[Dict[str, Any]] = []
+    notes: List[str] = []
     declared = {v.name: v for v in model.graph.outputs}
     for name, value in declared.items():
         arr = got.get(name)
@@ -308,10 +326,18 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
             ref = None if want is None else want.get(name)
             ref = None if ref is None else np.asarray(ref)
             dtype = _declared_dtype(value)
-            if dtype is not None and arr.dtype.name != dtype:
-                problem = f"has dtype {arr.dtype.name} where {dtype} is declared"
-            problem = problem or _shape_problem(value, arr, bound, ref) or \
-                _nonfinite_problem(arr, ref)
+            declared_problem = (f"has dtype {arr.dtype.name} where {dtype} is declared"
+                                if dtype is not None and arr.dtype.name != dtype else None) \
+                or _shape_problem(value, arr, bound, None)
+            if ref is None:
+                problem = declared_problem
+            elif ref.dtype != arr.dtype:
+                problem = f"has dtype {arr.dtype.name} where the original's is {ref.dtype.name}"
+            elif ref.shape != arr.shape:
+                problem = f"has shape {list(arr.shape)} where the original's is {list(ref.shape)}"
+            elif declared_problem is not None:  # the original's own declaration is off
+                notes.append(f"output '{name}' {declared_problem}, as the original's does")
+            problem = problem or _nonfinite_problem(arr, ref)
             outputs.append({"name": name, "shape": list(arr.shape), "dtype": arr.dtype.name})
         if problem is not None:
             node = value.producer
@@ -326,4 +352,6 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
     if want is None:
         entry["original"] = f"fails on these inputs ({original_error}): shapes and dtypes " \
                             "checked against the declarations only"
+    if notes:
+        entry["notes"] = notes
     return done(ran=True, outputs=outputs)

@@ -140,7 +140,7 @@ def _nothing_published(tmp_path, out) -> None:
 
 
 @pytest.mark.parametrize("broken, said", [
-    ("test-drop-rank", "output 'y' of the artifact has rank 1 (shape [4]) where rank 2"),
+    ("test-drop-rank", "output 'y' of the artifact has shape [4] where the original's is [1, 4]"),
     ("test-drop-rank-declared", "output 'y' of the artifact has shape [4] where the original's is "
                                 "[1, 4]"),
     ("test-unrunnable", "the artifact fails in onnxruntime ORT_ENABLE_ALL on seeded inputs (x [1, 4])"),
@@ -168,7 +168,7 @@ def test_a_tvm_library_is_verified_in_tvm_runtime(capsys, tmp_path, plugin):
     rc, _, err = _cli(capsys, model, "--load", plugin, "-p", "cleanup,test-drop-rank", "--emit",
                       "tvm", "-o", out, "--reproducer-dir", repro, "-q")
     assert rc == 3, err
-    assert "output 'y' of the artifact has rank 1 (shape [4])" in err
+    assert "output 'y' of the artifact has shape [4] where the original's is [1, 4]" in err
     assert "pass 'test-drop-rank'" in err
     folder = err.strip().splitlines()[1].split(": ", 2)[2]
     assert {"model.so", "manifest.json", "report.json"} <= set(os.listdir(folder))
@@ -219,6 +219,25 @@ def test_a_good_artifact_is_verified_and_the_report_says_how(capsys, tmp_path):
     assert list(report).index("verify") == list(report).index("check") + 1
 
 
+def test_a_declaration_the_original_breaks_too_is_noted_not_refused(capsys, tmp_path):
+    """ReduceMean(keepdims=0) over every axis returns a scalar where [1] is declared: the
+    original's own declaration is wrong, so the artifact (which returns the same) ships, noted."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x"], ["y"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    path = str(tmp_path / "mean.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert run_onnxruntime(path, {"x": np.ones((1, 8), np.float32)})["y"].shape == ()
+    out = tmp_path / "out"
+    rc, _, err = _cli(capsys, path, "-o", out, "-q")
+    assert rc == 0, err
+    verify = json.loads((out / "report.json").read_text())["verify"]
+    assert verify["ran"] is True and verify["outputs"][0]["shape"] == []
+    assert verify["notes"] == ["output 'y' has rank 0 (shape []) where rank 1 ([1]) is declared, "
+                               "as the original's does"]
+
+
 def test_an_original_that_fails_on_the_seeded_inputs_is_not_passctls_error(capsys, tmp_path):
     """x[n] -> Reshape(x, [5, -1]): the default n (16) does not fit the original either, so the
     verify run cannot judge and says why; the compile succeeds."""
@@ -264,3 +283,24 @@ def test_the_touch_recorder_blames_the_latest_pass_upstream():
     b.set_attr("alpha", 1.0)
     rec.after_pass(P("second"), model, None)
     assert rec.blame(b) == ("second", b) and rec.pass_of(a) == "first"
+
+
+def test_check_reuses_the_verify_runs_original(capsys, tmp_path, monkeypatch):
+    """With --check on the same seeded inputs, the original runs once for both."""
+    import passctl.support.check as check_module
+
+    model, runs = _model(tmp_path), []
+    real = check_module.run_onnxruntime
+
+    def counting(path, inputs, **kw):
+        runs.append(str(path))
+        return real(path, inputs, **kw)
+
+    monkeypatch.setattr(check_module, "run_onnxruntime", counting)
+    out = tmp_path / "out"
+    rc, _, err = _cli(capsys, model, "-p", "cleanup", "--check", "-o", out, "-q")
+    assert rc == 0, err
+    assert runs.count(model) == 1, runs
+    report = json.loads((out / "report.json").read_text())
+    assert report["verify"]["ran"] and report["check"]["ok"]
+    assert report["check"]["inputs"] == report["verify"]["inputs"]
