@@ -261,6 +261,10 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
     level = _session_optimization(folder)
     runtime = "tvm" if tvm else f"onnxruntime {level or 'ORT_DISABLE_ALL'}"
     entry: Dict[str, Any] = {"ran": False, "ms": 0.0, "runtime": runtime}
+    if not tvm and not os.path.isfile(candidate):  # another emitter's artifact (a plugin's)
+        entry.update(runtime=None, reason="the artifact has no model.onnx or TVM library that "
+                                          "passctl knows how to run")
+        return entry, None
 
     ran: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None
 
