@@ -172,12 +172,21 @@ def atomic_output_dir(out: str) -> Iterator[str]:
     logger.info("wrote %s", out)
 
 
+def host_id() -> str:
+    """8 hex digits naming this machine (a hash of its host name): process ids are judged only on
+    the machine that made them (an output folder on a shared file system)."""
+    import hashlib
+    import socket
+
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
 def staging_prefix(out: str, kind: str) -> str:
-    """``.<out name>.<kind>-<pid>-``: the name prefix of :func:`atomic_output_dir`'s hidden folders
-    beside ``out`` (``kind``: ``tmp`` for the staging folder, ``old`` for the replaced artifact),
-    with this process's id, so a later run can tell the folders of a killed run from those of a
-    run still going."""
-    return f".{os.path.basename(out)}.{kind}-{os.getpid()}-"
+    """``.<out name>.<kind>-<pid>.<host id>-``: the name prefix of :func:`atomic_output_dir`'s
+    hidden folders beside ``out`` (``kind``: ``tmp`` for the staging folder, ``old`` for the
+    replaced artifact), with this process's id and this machine's (:func:`host_id`), so a later
+    run can tell the folders of a killed run from those of a run still going."""
+    return f".{os.path.basename(out)}.{kind}-{os.getpid()}.{host_id()}-"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -197,9 +206,9 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale_staging(out: str) -> List[str]:
     """Remove the hidden staging folders a killed run (``kill -9``, power loss) left beside ``out``:
-    ``.<out name>.tmp-<pid>-*`` and ``.<out name>.old-<pid>-*`` (:func:`staging_prefix`) whose
-    process ``<pid>`` no longer runs. Folders of live processes, and names without a pid, are
-    kept.
+    ``.<out name>.tmp-<pid>[.<host id>]-*`` and ``.<out name>.old-<pid>[.<host id>]-*``
+    (:func:`staging_prefix`) whose process ``<pid>`` no longer runs. Folders of live processes,
+    of another machine (another host id) and names without a pid are kept.
 
     Returns:
         the paths removed.
@@ -207,14 +216,15 @@ def remove_stale_staging(out: str) -> List[str]:
     import re
 
     parent, base = os.path.dirname(os.path.abspath(out)), os.path.basename(out)
-    return remove_dead_pid_folders(parent, re.compile(r"\." + re.escape(base)
-                                                      + r"\.(?:tmp|old)-(\d+)-[^/]*"))
+    return remove_dead_pid_folders(parent, re.compile(
+        r"\." + re.escape(base) + r"\.(?:tmp|old)-(\d+)(?:\.([0-9a-f]{8}))?-[^/]*"))
 
 
 def remove_dead_pid_folders(parent: str, pattern) -> List[str]:
     """Remove the folders in ``parent`` whose name fully matches ``pattern`` (a compiled regex
-    whose group 1 is a process id) when that process no longer runs; links, files and folders of
-    live processes are kept, errors ignored.
+    whose group 1 is a process id, and an optional group 2 the :func:`host_id` of the machine
+    that made it) when that process no longer runs on this machine; links, files, folders of live
+    processes and of other machines are kept, errors ignored.
 
     Returns:
         the paths removed.
@@ -227,8 +237,10 @@ def remove_dead_pid_folders(parent: str, pattern) -> List[str]:
     for name in names:
         m = pattern.fullmatch(name)
         path = os.path.join(parent, name)
-        if m is None or _pid_alive(int(m.group(1))) or os.path.islink(path) \
-                or not os.path.isdir(path):
+        if m is None or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        host = m.group(2) if m.re.groups >= 2 else None
+        if (host is not None and host != host_id()) or _pid_alive(int(m.group(1))):
             continue
         shutil.rmtree(path, ignore_errors=True)
         if not os.path.lexists(path):

@@ -44,14 +44,15 @@ class _ProgressInstrument:
 
 
 def _work_prefix() -> str:
-    """``passctl-work-<pid>-``: the prefix of compile's temporary folder under the system temp
+    """``passctl-work-<pid>.<host id>-``: the prefix of compile's temporary folder under the system temp
     folder; first removes those of killed runs (their process no longer runs)."""
     import re
 
-    from passctl.targets.base import remove_dead_pid_folders
+    from passctl.targets.base import host_id, remove_dead_pid_folders
 
-    remove_dead_pid_folders(tempfile.gettempdir(), re.compile(r"passctl-work-(\d+)-[^/]*"))
-    return f"passctl-work-{os.getpid()}-"
+    remove_dead_pid_folders(tempfile.gettempdir(),
+                            re.compile(r"passctl-work-(\d+)(?:\.([0-9a-f]{8}))?-[^/]*"))
+    return f"passctl-work-{os.getpid()}.{host_id()}-"
 
 
 def _reference_model(model, path: str, workdir: str) -> str:

@@ -85,13 +85,18 @@ def test_a_run_killed_during_emit_leaves_a_staging_folder_the_next_run_removes(t
 
 def test_only_folders_of_dead_processes_are_removed(capsys, tmp_path, model):
     dead, live = _dead_pid(), os.getppid()  # the parent (pytest's shell or runner) is alive
-    for name in (f".out.tmp-{dead}-abc", f".out.old-{dead}-xyz", f".out.tmp-{live}-def",
-                 ".out.tmp-legacy", f".other.tmp-{dead}-ghi"):
+    from passctl.targets.base import host_id
+
+    here, elsewhere = host_id(), "0" * 8 if host_id() != "0" * 8 else "1" * 8
+    for name in (f".out.tmp-{dead}.{here}-abc", f".out.old-{dead}.{here}-xyz",
+                 f".out.tmp-{dead}-nohost", f".out.tmp-{live}.{here}-def", ".out.tmp-legacy",
+                 f".out.tmp-{dead}.{elsewhere}-jkl", f".other.tmp-{dead}-ghi"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.onnx").write_bytes(b"partial")
     rc, _, err = _cli(capsys, model, "-o", tmp_path / "out", "-q")
     assert rc == 0, err
-    assert _hidden(tmp_path, "out") == [f".out.tmp-{live}-def", ".out.tmp-legacy"]
+    assert _hidden(tmp_path, "out") == sorted([f".out.tmp-{live}.{here}-def", ".out.tmp-legacy",
+                                               f".out.tmp-{dead}.{elsewhere}-jkl"])
     assert (tmp_path / f".other.tmp-{dead}-ghi").is_dir()  # another -o's: not ours to judge
 
 
