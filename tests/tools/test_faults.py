@@ -100,6 +100,24 @@ def test_only_folders_of_dead_processes_are_removed(capsys, tmp_path, model):
     assert (tmp_path / f".other.tmp-{dead}-ghi").is_dir()  # another -o's: not ours to judge
 
 
+def test_a_killed_runs_work_folder_in_the_temp_folder_is_removed(capsys, tmp_path, model,
+                                                               monkeypatch):
+    import tempfile
+
+    from passctl.targets.base import host_id
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    dead = _dead_pid()
+    (temp / f"passctl-work-{dead}.{host_id()}-abc").mkdir()
+    (temp / f"passctl-work-{dead}.{host_id()}-abc" / "reference.onnx").write_bytes(b"x" * 100)
+    (temp / f"passctl-work-{os.getppid()}.{host_id()}-def").mkdir()
+    rc, _, err = _cli(capsys, model, "-o", tmp_path / "out", "-q")
+    assert rc == 0, err
+    assert sorted(os.listdir(temp)) == [f"passctl-work-{os.getppid()}.{host_id()}-def"]
+
+
 # -- a full disk --------------------------------------------------------------------------------
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
 def test_a_full_disk_while_writing_the_artifact_is_an_environment_error(capsys, tmp_path, model,
