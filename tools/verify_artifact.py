@@ -325,10 +325,11 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
         problem = None
         if arr is None:
             problem = "is missing from the artifact's outputs"
+        elif not isinstance(arr, np.ndarray):  # a sequence, map or optional: not judged here
+            outputs.append({"name": name, "shape": None, "dtype": type(arr).__name__})
         else:
-            arr = np.asarray(arr)
             ref = None if want is None else want.get(name)
-            ref = None if ref is None else np.asarray(ref)
+            ref = ref if isinstance(ref, np.ndarray) else None
             dtype = _declared_dtype(value)
             declared_problem = (f"has dtype {arr.dtype.name} where {dtype} is declared"
                                 if dtype is not None and arr.dtype.name != dtype else None) \
