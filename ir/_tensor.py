@@ -242,7 +242,23 @@ def resolve_external_path(base_dir: str, location: str, tensor_name: str = "") -
     if os.path.commonpath([base_real, real]) != base_real:
         raise ValueError(f"{who}: external-data location '{location}' leads outside the model's "
                          "folder through a symlink; copy the data file next to the model")
+    if os.path.exists(real) and not os.path.isfile(real):
+        raise ValueError(f"{who}: external-data file '{location}' is {_file_kind(real)}, not a "
+                         "regular file; give the weights as a regular file next to the model")
     if not os.path.isfile(real):
         raise ValueError(f"{who}: external-data file '{location}' is missing (looked in "
                          f"{os.path.abspath(base_dir)})")
+    if not os.access(real, os.R_OK):
+        raise ValueError(f"{who}: external-data file '{location}' cannot be read (permission "
+                         "denied); check its permissions")
     return real
+
+
+def _file_kind(path: str) -> str:
+    """What the non-regular file ``path`` is (``a FIFO (named pipe)``, ``a folder``, ...)."""
+    import stat
+
+    mode = os.stat(path).st_mode
+    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device"
+            if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")

@@ -30,7 +30,7 @@ def default_provenance(name: str, op_type: str, index: int) -> Tuple[str, ...]:
     return (name,) if name else (f"{op_type}@{index}",)
 
 
-def load(path: Union[str, os.PathLike]) -> Model:
+def load(path: Union[str, os.PathLike], check_data: bool = False) -> Model:
     """Read an ONNX file into a :class:`Model` without reading external weights.
 
     Embedded weights are kept as raw bytes; external data is memory-mapped on first use, never
@@ -38,19 +38,23 @@ def load(path: Union[str, os.PathLike]) -> Model:
 
     Args:
         path: the ``.onnx`` file.
+        check_data: refuse a tensor whose data does not match its declared dims and type
+            (:func:`check_tensor_data`; the CLI's loads, since ONNX Runtime refuses such a model);
+            off by default, so the IR keeps even a broken tensor byte for byte.
 
     Returns:
         The model.
 
     Raises:
         ModelLoadError: the path is missing or not a file, the file is not ONNX or is truncated,
-            or an external-data file is missing, too short or outside the model's folder.
+            an external-data file is missing, not a regular file, too short or outside the
+            model's folder, or (``check_data``) a tensor lacks its declared data.
     """
     path = os.fspath(path)
     proto, raw = read_model_file(path)
     base_dir = os.path.dirname(os.path.abspath(path))
     try:
-        model = _Importer(base_dir, consume=True, raw=raw).model(proto)
+        model = _Importer(base_dir, consume=True, raw=raw, check_data=check_data).model(proto)
     except ValueError as e:  # external-data checks of Tensor.from_proto
         raise ModelLoadError(f"{path}: {e}") from None
     model.base_dir = base_dir
@@ -99,7 +103,9 @@ class _Scope:
 
 
 class _Importer:
-    def __init__(self, base_dir: str, consume: bool, raw: Optional[Split] = None):
+    def __init__(self, base_dir: str, consume: bool, raw: Optional[Split] = None,
+                 check_data: bool = False):
+        self.check_data = check_data
         self.base_dir = base_dir
         self.consume = consume
         # raw_data read apart from the proto by onnx_split, by tensor path (see Split).
@@ -153,7 +159,8 @@ class _Importer:
             g.add_input(v)
         infos = {vi.name: vi for vi in gp.value_info}
         for i, tp in enumerate(gp.initializer):
-            tensor = self.tensor(tp, None if path is None else self.raw.get(path + ("init", i)))
+            tensor = self.tensor(tp, None if path is None else self.raw.get(path + ("init", i)),
+                                 what="initializer")
             v = scope.names.get(tp.name)
             if v is None or v.graph is not g or v.const is not None:
                 v = self._new(scope, tp.name)
@@ -254,7 +261,9 @@ class _Importer:
             value = None
         return Attr(a.name, t, value, a.doc_string)
 
-    def tensor(self, tp: onnx.TensorProto, raw=None) -> Tensor:
+    def tensor(self, tp: onnx.TensorProto, raw=None, what: str = "tensor") -> Tensor:
+        if self.check_data:
+            check_tensor_data(tp, raw, what)
         if raw is not None:  # raw_data read apart from the proto (see onnx_split)
             if tp.data_location != onnx.TensorProto.EXTERNAL and not tp.HasField("segment"):
                 meta = {e.key: e.value for e in tp.metadata_props}
@@ -362,6 +371,74 @@ def _copy(msg):
     out = type(msg)()
     out.CopyFrom(msg)
     return out
+
+
+#: Elements stored per entry of each typed data field (``float_data`` holds a complex64 as 2).
+_TYPED_FIELDS = {"float_data": {onnx.TensorProto.FLOAT: 1, onnx.TensorProto.COMPLEX64: 2},
+                 "double_data": {onnx.TensorProto.DOUBLE: 1, onnx.TensorProto.COMPLEX128: 2},
+                 "int64_data": {onnx.TensorProto.INT64: 1},
+                 "uint64_data": {onnx.TensorProto.UINT32: 1, onnx.TensorProto.UINT64: 1}}
+_PACKED_4BIT = {getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1")
+                if hasattr(onnx.TensorProto, n)}
+
+
+def check_tensor_data(tp: onnx.TensorProto, raw=None, what: str = "tensor") -> None:
+    """Refuse a tensor whose data does not match its declared dims and type (ONNX Runtime and
+    ``onnx.checker`` refuse such a model too).
+
+    ``raw_data`` (or ``raw``, the bytes read apart from the proto) must hold exactly
+    ``prod(dims)`` elements of the type (4-bit types packed two per byte); a typed field
+    (``float_data``, ``int32_data``, ``int64_data``, ``double_data``, ``uint64_data``,
+    ``string_data``) exactly that many entries (two per complex element; ``int32_data`` of a 4-bit
+    type one per byte pair); a tensor of elements must have data. External and segmented tensors
+    are checked elsewhere (:func:`_check_external_size`).
+
+    Raises:
+        ValueError: one line naming the tensor (``what``: ``initializer``, ``tensor``), its
+            declared dims and type and the data it has.
+    """
+    if tp.data_location == onnx.TensorProto.EXTERNAL or tp.HasField("segment"):
+        return
+    if any(d < 0 for d in tp.dims):
+        raise ValueError(f"{what} '{tp.name}' declares negative dims {list(tp.dims)}; export the "
+                         "model again")
+    n = 1
+    for d in tp.dims:
+        n *= int(d)
+    try:
+        type_name = onnx.TensorProto.DataType.Name(tp.data_type)
+    except ValueError:
+        return  # an unknown data type: Tensor.from_proto says so
+    declared = f"dims {list(tp.dims)} of {type_name.lower()}"
+    packed = tp.data_type in _PACKED_4BIT
+    raw_len = len(raw) if raw is not None else (len(tp.raw_data) if tp.HasField("raw_data")
+                                               else None)
+    if tp.data_type == onnx.TensorProto.STRING:
+        have = len(tp.string_data)
+        if have != n:
+            raise ValueError(f"{what} '{tp.name}' declares {declared} ({n} strings) but has {have} "
+                             "in string_data; the file is corrupt: export the model again")
+        return
+    if raw_len is not None:
+        try:
+            size = onnx.helper.tensor_dtype_to_np_dtype(tp.data_type).itemsize
+        except (KeyError, TypeError, ValueError):
+            return
+        need = (n + 1) // 2 if packed else n * size
+        if raw_len != need:
+            raise ValueError(f"{what} '{tp.name}' declares {declared} ({need} bytes) but has "
+                             f"{raw_len} bytes of raw_data; the file is corrupt or was written "
+                             "wrongly: export the model again")
+        return
+    field = next((f for f, types in _TYPED_FIELDS.items() if tp.data_type in types), "int32_data")
+    per = _TYPED_FIELDS.get(field, {}).get(tp.data_type, 1)
+    need = ((n + 1) // 2 if packed else n) if field == "int32_data" else n * per
+    have = len(getattr(tp, field))
+    if have != need:
+        where = f"{have} entries in {field}" if have or n == 0 else "no data"
+        raise ValueError(f"{what} '{tp.name}' declares {declared} ({need} entries of {field}) but "
+                         f"has {where}; the file is corrupt or was written wrongly: export the "
+                         "model again")
 
 
 def _check_external_size(t: Tensor) -> None:

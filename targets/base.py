@@ -121,6 +121,9 @@ def value_specs(values) -> List[Dict[str, Any]]:
 def atomic_output_dir(out: str) -> Iterator[str]:
     """Yield a fresh staging folder next to ``out``; on success rename it onto ``out``.
 
+    The staging folder is ``.<out name>.tmp-<pid>-XXXX``; those a killed run left (their pid no
+    longer runs) are removed first (:func:`remove_stale_staging`).
+
     An existing ``out`` is replaced only after the body succeeded (it is moved aside, the staging
     folder renamed into place, then the old one deleted). On any exception the staging folder is
     deleted and ``out`` is left as it was.
@@ -141,8 +144,9 @@ def atomic_output_dir(out: str) -> Iterator[str]:
     except OSError as e:
         raise UserError(f"cannot create the output's parent folder '{parent}': {e.strerror}; "
                         "choose a writable -o")
+    remove_stale_staging(out)
     try:
-        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+        staging = tempfile.mkdtemp(prefix=staging_prefix(out, "tmp"), dir=parent)
     except OSError as e:
         raise UserError(f"cannot write in the output's parent folder '{parent}': {e.strerror}; "
                         "choose a writable -o")
@@ -159,13 +163,90 @@ def atomic_output_dir(out: str) -> Iterator[str]:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     if os.path.lexists(out):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)
+        old = tempfile.mkdtemp(prefix=staging_prefix(out, "old"), dir=parent)
         os.rmdir(old)
         os.rename(out, old)
     os.rename(staging, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     logger.info("wrote %s", out)
+
+
+def host_id() -> str:
+    """8 hex digits naming this machine (a hash of its host name): process ids are judged only on
+    the machine that made them (an output folder on a shared file system)."""
+    import hashlib
+    import socket
+
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def staging_prefix(out: str, kind: str) -> str:
+    """``.<out name>.<kind>-<pid>.<host id>-``: the name prefix of :func:`atomic_output_dir`'s
+    hidden folders beside ``out`` (``kind``: ``tmp`` for the staging folder, ``old`` for the
+    replaced artifact), with this process's id and this machine's (:func:`host_id`), so a later
+    run can tell the folders of a killed run from those of a run still going."""
+    return f".{os.path.basename(out)}.{kind}-{os.getpid()}.{host_id()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (one of another user counts as alive)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale_staging(out: str) -> List[str]:
+    """Remove the hidden staging folders a killed run (``kill -9``, power loss) left beside ``out``:
+    ``.<out name>.tmp-<pid>[.<host id>]-*`` and ``.<out name>.old-<pid>[.<host id>]-*``
+    (:func:`staging_prefix`) whose process ``<pid>`` no longer runs. Folders of live processes,
+    of another machine (another host id) and names without a pid are kept.
+
+    Returns:
+        the paths removed.
+    """
+    import re
+
+    parent, base = os.path.dirname(os.path.abspath(out)), os.path.basename(out)
+    return remove_dead_pid_folders(parent, re.compile(
+        r"\." + re.escape(base) + r"\.(?:tmp|old)-(\d+)(?:\.([0-9a-f]{8}))?-[^/]*"))
+
+
+def remove_dead_pid_folders(parent: str, pattern) -> List[str]:
+    """Remove the folders in ``parent`` whose name fully matches ``pattern`` (a compiled regex
+    whose group 1 is a process id, and an optional group 2 the :func:`host_id` of the machine
+    that made it) when that process no longer runs on this machine; links, files, folders of live
+    processes and of other machines are kept, errors ignored.
+
+    Returns:
+        the paths removed.
+    """
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        m = pattern.fullmatch(name)
+        path = os.path.join(parent, name)
+        if m is None or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        host = m.group(2) if m.re.groups >= 2 else None
+        if (host is not None and host != host_id()) or _pid_alive(int(m.group(1))):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            logger.info("removed %s, left by a killed passctl run (pid %s)", path, m.group(1))
+            removed.append(path)
+    return removed
 
 
 def refuse_non_folder_output(out: str, shown: Optional[str] = None, option: str = "-o") -> None:

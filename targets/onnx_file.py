@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from passctl.ir import Graph, Model, Tensor
 from passctl.targets.base import EmitError
@@ -20,6 +20,21 @@ DATA_FILE = "model.onnx.data"
 #: Above this many bytes of initializer data the weights go to ``model.onnx.data`` (protobuf
 #: refuses messages over 2 GiB; external data also lets ONNX Runtime memory-map the weights).
 EXTERNAL_DATA_THRESHOLD = 1 << 30
+
+#: The session :func:`load_check` opened last, as ``(path, optimize, session)``, for
+#: :func:`take_loaded_session` (the compile's verify run reuses it instead of loading again).
+_LAST_SESSION: Optional[Tuple[str, Union[bool, str], Any]] = None
+
+
+def take_loaded_session(path: str, optimize: Union[bool, str]):
+    """The ONNX Runtime session :func:`load_check` opened on ``path`` at ``optimize`` (CPU
+    provider, :func:`passctl.support.check.cpu_session`'s options), or None; either way the kept
+    session is released."""
+    global _LAST_SESSION
+    kept, _LAST_SESSION = _LAST_SESSION, None
+    if kept is not None and kept[0] == os.path.abspath(path) and kept[1] == optimize:
+        return kept[2]
+    return None
 
 
 def weight_bytes(graph: Graph) -> int:
@@ -76,6 +91,8 @@ def load_check(path: str, gpu: bool = False,
     """
     from passctl.support.check import cpu_session
 
+    global _LAST_SESSION
+    _LAST_SESSION = None
     start = time.perf_counter()
     try:
         sess = cpu_session(path, optimize=optimize)  # logs fatal only: the error has it
@@ -85,6 +102,7 @@ def load_check(path: str, gpu: bool = False,
             return _checker_load_check(path, first, start)
         raise EmitError(f"ONNX Runtime cannot load the emitted model: {first}") from e
     seconds = time.perf_counter() - start
+    _LAST_SESSION = (os.path.abspath(path), optimize, sess)
     return {
         "ok": True,
         "provider": "CPUExecutionProvider",

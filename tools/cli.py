@@ -11,12 +11,17 @@ import traceback
 from typing import List, Optional, Sequence
 
 from passctl.ir.errors import UserError
-from passctl.support.errors import CheckFailed, InternalError, one_line
+from passctl.support.errors import (CheckFailed, EnvironmentFault, InternalError,
+                                    environment_fault, fault_message, one_line)
 from passctl.tools.terminal import discard_stdout, stdout_closed
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_USER_ERROR, EXIT_INTERNAL_ERROR = 0, 2, 3
+EXIT_OK, EXIT_USER_ERROR, EXIT_INTERNAL_ERROR, EXIT_ENVIRONMENT = 0, 2, 3, 4
+EXIT_CODES_HELP = ("exit status: 0 success; 2 the user's error (a bad model, option or input; one "
+                   "line naming what to fix); 3 passctl's internal error (a failed pass, verify run "
+                   "or --check; one line and a reproducer folder); 4 the environment's fault (a "
+                   "full disk or exhausted quota; one line, nothing written); 130 interrupted")
 SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-rules", "list-targets",
                "run", "opt")
 
@@ -133,6 +138,11 @@ def _add_compile_args(p: argparse.ArgumentParser) -> None:
                    "default: the target's default emitter)")
     p.add_argument("--check", action="store_true",
                    help="run the original and the result in ONNX Runtime on seeded inputs")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="skip the verify run: by default the artifact runs once in its runtime on "
+                        "seeded inputs at small sizes before it is written, and an output of "
+                        "another shape or dtype than declared, or NaN/inf where the original is "
+                        "finite, is an internal error (exit 3) naming the pass")
     p.add_argument("--seed", type=seed_value, default=0,
                    help="seed of the check's random inputs (>= 0)")
     p.add_argument("--rtol", type=_tolerance, default=None,
@@ -168,12 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with one subparser per subcommand."""
     parser = _Parser(prog="passctl", description=(
         "Compile a trained model: passctl MODEL --pipeline P --target T -o OUT (same as "
-        "`passctl compile ...`)."))
+        "`passctl compile ...`)."), epilog=EXIT_CODES_HELP)
     from passctl import __version__
 
     parser.add_argument("--version", action="version", version=f"passctl {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    _add_compile_args(sub.add_parser("compile",
+    _add_compile_args(sub.add_parser("compile", epilog=EXIT_CODES_HELP,
                                      help="run a pipeline and emit an artifact (default)"))
     show = sub.add_parser("show", help="print a model as IR text (parses back)")
     show.add_argument("model")
@@ -229,7 +239,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     Returns:
         0 on success, 2 for a user error (one line ``passctl: error: ...`` on stderr), 3 for an
-        internal error (one line plus the reproducer folder's path).
+        internal error (one line plus the reproducer folder's path), 4 for the environment's fault
+        (a full disk or quota: one line ``passctl: environment error: ...``, no reproducer, the
+        partial output removed).
     """
     from rich.console import Console
 
@@ -255,10 +267,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _dispatch(args, argv, out)
     except SystemExit as e:  # --help / --version
         return int(e.code or 0)
+    except EnvironmentFault as e:
+        print(f"passctl: environment error: {one_line(e)}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except UserError as e:
         print(f"passctl: error: {one_line(e)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except InternalError as e:
+        if environment_fault(e) is not None:
+            return _environment_exit(e)
         kind = "" if isinstance(e, CheckFailed) else "internal error: "
         print(f"passctl: {kind}{one_line(e)}", file=sys.stderr)
         if e.reproducer:
@@ -268,6 +285,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("passctl: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug outside any pass: say so, with the traceback
+        if environment_fault(e) is not None:
+            return _environment_exit(e)
         if isinstance(e, BrokenPipeError) and stdout_closed(out):
             discard_stdout()  # the reader closed stdout early (`passctl list-passes | head -1`)
             return EXIT_OK
@@ -275,6 +294,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"passctl: internal error: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
         err.print("please report it with the command above", style="dim")
         return EXIT_INTERNAL_ERROR
+
+
+def _environment_exit(error: BaseException) -> int:
+    """Exit 4 for a failure a full disk or quota caused (:func:`environment_fault`): remove the
+    reproducer folder a crash path may have begun, print one line."""
+    import shutil
+
+    folder = getattr(error, "reproducer", None)
+    if folder and os.path.isdir(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"passctl: environment error: {fault_message(environment_fault(error))}",
+          file=sys.stderr)
+    return EXIT_ENVIRONMENT
 
 
 def _dispatch(args, argv: List[str], console) -> int:
@@ -287,11 +319,13 @@ def _dispatch(args, argv: List[str], console) -> int:
         check_compile_args(args)
         try:
             run_compile(args, argv, console)
-        except (UserError, InternalError):
+        except (UserError, InternalError, EnvironmentFault):
             raise
         except Exception as e:  # a bug outside any pass (import, export...): keep a reproducer
             if isinstance(e, BrokenPipeError) and stdout_closed(console):
                 raise  # not a bug: the reader of stdout went away (main exits 0)
+            if environment_fault(e) is not None:  # a full disk: no reproducer (exit 4)
+                raise EnvironmentFault(fault_message(environment_fault(e))) from e
             folder = write_crash_folder(args.reproducer_dir, argv, e)
             raise InternalError(f"{type(e).__name__}: {e} (traceback in the reproducer)",
                                 folder) from e

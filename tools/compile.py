@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 from passctl.ir.errors import UserError
 from passctl.support.context import CompileContext
 from passctl.support.dims import parse_dim_args
-from passctl.support.errors import CheckFailed, InternalError
+from passctl.support.errors import CheckFailed, EnvironmentFault, InternalError, one_line
 from passctl.support.input_files import load_input_file
 from passctl.tools.model_source import IR_TEXT_SUFFIX, load_model
 from passctl.tools.numeric_check import (bounds_note, calibration_feed, check_bounds, check_inputs,
@@ -24,6 +24,8 @@ from passctl.tools.output_folder import check_output_path, check_writable_folder
 from passctl.tools.report import (REPORT_SCHEMA, DelayedProgress, count_nodes, op_histogram,
                                   print_summary, write_report)
 from passctl.tools.reproducer import check_failure_folder, write_crash_folder
+from passctl.tools.verify_artifact import (TouchRecorder, VerifyFailed, blame_runtime_error,
+                                           verify_artifact)
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,18 @@ class _ProgressInstrument:
 
     def after_pass(self, pass_, model, record) -> None:
         self.progress.update(pass_.name, advance=1)
+
+
+def _work_prefix() -> str:
+    """``passctl-work-<pid>.<host id>-``: the prefix of compile's temporary folder under the system temp
+    folder; first removes those of killed runs (their process no longer runs)."""
+    import re
+
+    from passctl.targets.base import host_id, remove_dead_pid_folders
+
+    remove_dead_pid_folders(tempfile.gettempdir(),
+                            re.compile(r"passctl-work-(\d+)(?:\.([0-9a-f]{8}))?-[^/]*"))
+    return f"passctl-work-{os.getpid()}.{host_id()}-"
 
 
 def _reference_model(model, path: str, workdir: str) -> str:
@@ -126,10 +140,12 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     note = bounds_note(context.check_bounds)
     if note and (args.check or args.check_each) and not args.quiet:
         console.print(note, markup=False, highlight=False)
-    steps = 1 + len(passes) + 1 + 1 + int(args.check)  # load, passes, final dce, emit, check
+    verifying = getattr(args, "verify", True)
+    # load, passes, final dce, emit, verify, check
+    steps = 1 + len(passes) + 1 + 1 + int(verifying) + int(args.check)
 
     with DelayedProgress(console, total=steps) as progress, \
-            tempfile.TemporaryDirectory(prefix="passctl-") as work:
+            tempfile.TemporaryDirectory(prefix=_work_prefix()) as work:
         progress.update("loading the model")
         model, path = load_model(args.model)
         given_out = args.out or default_out(path)
@@ -154,8 +170,10 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         if args.dump_ir:
             check_writable_folder(args.dump_ir, "--dump-ir")
         try:
+            recorder = TouchRecorder() if verifying else None  # which pass touched each node
             instruments = build_instruments(args, context.check_bounds, reference, header, dims,
-                                            overrides) + [_ProgressInstrument(progress)]
+                                            overrides) + [_ProgressInstrument(progress)] + (
+                                                [recorder] if recorder is not None else [])
         except UserError:
             raise
         except Exception as e:  # --check-each runs the original in ONNX Runtime, which may refuse it
@@ -169,6 +187,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             with context:
                 result = manager.run(model)
         except PassFailure as e:
+            _raise_if_environment_fault(e, e.reproducer)
             raise InternalError(str(e), e.reproducer) from e
         except VerifyError as e:
             if e.pass_name is None:
@@ -206,17 +225,36 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             progress.update("artifact written", advance=1)
             report["artifact"] = dict(info, path=out)
             report["check"] = None
+            report["verify"] = {"ran": False, "reason": "--no-verify"}
+            verified = None
+            if not verifying:  # release the session the emitter's load check kept for it
+                from passctl.targets.onnx_file import take_loaded_session
+
+                take_loaded_session("", False)
+            else:
+                progress.update("verifying the artifact on seeded inputs", advance=1)
+                try:
+                    report["verify"], verified = verify_artifact(
+                        folder, model, reference, header or load_header(reference), dims,
+                        args.seed, recorder, known)
+                except VerifyFailed as e:
+                    report["verify"] = {"ran": True, "ok": False, "error": str(e)}
+                    e.reproducer = check_failure_folder(args, argv, model, report, folder,
+                                                        "the verify run failed")
+                    raise
+            t_verified = time.perf_counter()
             if args.check:
                 progress.update("checking against the original", advance=1)
                 report["check"] = run_check(reference, header, os.path.join(folder, "model.onnx"),
                                             model, args, context.check_bounds, dims, overrides,
-                                            known)
+                                            known or verified)
                 for warning in report["check"]["warnings"]:
                     report["warnings"].append(warning)
                     print(f"passctl: warning: {warning}", file=sys.stderr)
             t_end = time.perf_counter()
             timing = dict(load_s=t_loaded - start, passes_s=t_passes - t_loaded,
-                          emit_s=t_emitted - t_passes, check_s=t_end - t_emitted,
+                          emit_s=t_emitted - t_passes, verify_s=t_verified - t_emitted,
+                          check_s=t_end - t_verified,
                           total_s=t_end - start)
             report["timing"] = {k: round(v, 4) for k, v in timing.items()}
             if report["check"] is not None and not report["check"]["ok"]:
@@ -227,22 +265,57 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         progress.update(f"writing the {emitter.name} artifact")
         try:
             emitter.emit(model, target, out, finalize)
-        except (UserError, InternalError):
+        except (UserError, InternalError, EnvironmentFault):
             raise
         except Exception as e:
             from passctl.targets.base import EmitError
 
+            blame = ""
             if isinstance(e, EmitError):  # the emitter's ONNX Runtime load check
-                _raise_if_ort_refuses_original(e, reference, path)
+                _raise_if_ort_refuses_original(e, reference, path, emitter)
+                blame = blame_runtime_error(model, e, recorder)
             raise InternalError(f"emitting for {target.name} with {emitter.name} failed: "
-                                f"{type(e).__name__}: {e}",
+                                f"{type(e).__name__}: {one_line(e)}"
+                                + (f"; {blame}" if blame else ""),
                                 write_crash_folder(args.reproducer_dir, argv, e, model)) from e
+        finally:
+            from passctl.targets.onnx_file import take_loaded_session
+
+            take_loaded_session("", False)  # release the load check's session, if still kept
     if not args.quiet:
         print_summary(console, report)
     return report
 
 
-def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: str) -> None:
+def _raise_if_environment_fault(error: BaseException, reproducer) -> None:
+    """A pass that failed because the disk is full (or a quota is exhausted): remove the crash
+    reproducer the pass manager's instrument wrote for it (and its default parent folder when
+    that is left empty), and raise the environment's error.
+
+    Raises:
+        EnvironmentFault: ``error`` was caused by a full disk
+            (:func:`passctl.support.errors.environment_fault`).
+    """
+    import shutil
+
+    from passctl.support.errors import EnvironmentFault, environment_fault, fault_message
+
+    fault = environment_fault(error)
+    if fault is None:
+        return
+    if reproducer and os.path.isdir(reproducer):
+        shutil.rmtree(reproducer, ignore_errors=True)
+        parent = os.path.dirname(reproducer)
+        if os.path.basename(parent).startswith("passctl-crash-"):
+            try:
+                os.rmdir(parent)  # only when empty
+            except OSError:
+                pass
+    raise EnvironmentFault(fault_message(fault)) from error
+
+
+def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: str,
+                                   emitter=None) -> None:
     """After ONNX Runtime failed on a model (the emitter's load check of its output, or
     ``--check-each``'s run of the original): when ONNX Runtime refuses the original model, the
     problem is the user's input, not passctl's.
@@ -250,10 +323,19 @@ def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: s
     Raises:
         UserError: ONNX Runtime cannot load ``reference`` (the input, or the exported ``.pir``
             input); one line naming ``path``, the node and op, and what to do
-            (:func:`passctl.tools.ort_refusal.explain_refusal`).
+            (:func:`passctl.tools.ort_refusal.explain_refusal`); or, for an ONNX Runtime
+            ``emitter`` (its ``optimization_level``), ONNX Runtime's optimizer refuses the
+            original at the shipped level but a lower level loads it: the message names that
+            level and the ``--emit`` option to ship at it
+            (:func:`passctl.tools.ort_refusal.explain_level_refusal`).
     """
     from passctl.tools.ort_refusal import explain_refusal
 
     message = explain_refusal(reference, path)
+    level = getattr(emitter, "optimization_level", None)
+    if message is None and level is not None:  # refused only by ORT's optimizer at that level
+        from passctl.tools.ort_refusal import explain_level_refusal
+
+        message = explain_level_refusal(reference, path, level)
     if message is not None:
         raise UserError(message) from error

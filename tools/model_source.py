@@ -68,7 +68,8 @@ def load_model(spec: str) -> Tuple[Model, str]:
 
     Raises:
         UserError: as :func:`resolve_model_path`; the file is a folder; or the file does not load
-            (``ModelLoadError`` / ``ParseError`` from the importer or parser, one line each).
+            (``ModelLoadError`` / ``ParseError`` from the importer or parser, one line each; an
+            initializer whose data does not match its dims and type is refused).
     """
     path = resolve_model_path(spec)
     if os.path.isdir(path):
@@ -90,6 +91,6 @@ def load_model(spec: str) -> Tuple[Model, str]:
     else:
         from passctl.ir.onnx_import import load
 
-        model = load(path)
+        model = load(path, check_data=True)  # ONNX Runtime refuses a tensor short of data
     logger.info("loaded %s: %d nodes", path, len(model.graph))
     return model, path

@@ -145,3 +145,48 @@ def explain_refusal(model_path: str, shown: str) -> Optional[str]:
         logger.debug("ONNX Runtime refuses %s: %s", model_path, e)
         return f"{shown}: ONNX Runtime cannot load this model either: {what}; {todo}"
     return None
+
+
+def explain_level_refusal(model_path: str, shown: str, level: str) -> Optional[str]:
+    """When ONNX Runtime's own graph optimizer refuses the original model ``model_path`` at
+    ``level`` (the level the artifact would ship with, e.g. ``ORT_ENABLE_ALL``) although the model
+    loads unoptimized: a one-line message for a UserError saying so and naming the highest lower
+    level that loads it, with the ``--emit`` option that ships at that level; else ``None`` (the
+    original loads at ``level``: an artifact that does not load is then passctl's problem).
+
+    ONNX Runtime has such bugs (its level-3 optimizers refusing a valid model: "Failed to find
+    node output or a constant initializer producing output"); passctl does not pick a lower level
+    on its own, since the level decides which fused kernels the artifact runs with.
+
+    Args:
+        model_path: the original ``.onnx`` file (external data next to it).
+        shown: how the message names the model (the path the user gave).
+        level: the ``onnxruntime.GraphOptimizationLevel`` name the artifact ships with.
+    """
+    from passctl.support.check import cpu_session
+    from passctl.targets.onnxruntime.emit import available_levels, short_level
+
+    if level == "ORT_DISABLE_ALL":
+        return None
+    try:
+        cpu_session(model_path, optimize=level)
+        return None
+    except Exception as e:  # noqa: BLE001  (ORT's Fail, InvalidGraph, ...)
+        refusal = clean_message(e)
+    levels = available_levels()
+    lower = levels[levels.index(level) + 1:] if level in levels else levels
+    works = None
+    for candidate in lower:
+        try:
+            cpu_session(model_path, optimize=candidate)
+        except Exception:  # noqa: BLE001
+            continue
+        works = candidate
+        break
+    if works is None:
+        return None  # refused at every level: explain_refusal's case
+    short = refusal if len(refusal) <= 200 else refusal[:197] + "..."
+    return (f"{shown}: ONNX Runtime refuses this model itself at {level}, the level the artifact "
+            f"would ship with, even unchanged by passctl ({short}): a limitation of ONNX Runtime's "
+            f"graph optimizer, not of the model or passctl; it loads at {works}: compile with "
+            f"--emit 'onnxruntime{{optimization_level={short_level(works)}}}' to ship at that level")

@@ -118,8 +118,9 @@ class RuleSetOptions:
     """Options of a rule-set pass.
 
     Attributes:
-        max_sweeps: most sweeps over the graph; a sweep tries every rule at every node, and the next
-            sweep sees the nodes the previous one created.
+        max_sweeps: most sweeps over the graph (>= 1, else the pass refuses with a UserError); a
+            sweep tries every rule at every node, and the next sweep sees the nodes the previous
+            one created.
     """
 
     max_sweeps: int = 8
@@ -152,6 +153,11 @@ class RuleSet(Pass):
             self.name = name
         self.rules = [r() if isinstance(r, type) else r for r in rules]
         self.tracer = tracer
+        sweeps = getattr(self.options, "max_sweeps", 1)
+        if not isinstance(sweeps, int) or sweeps < 1:  # 0 sweeps would silently apply nothing
+            raise UserError(f"{self.name}: max_sweeps={sweeps} must be >= 1 (with no sweep the "
+                            "pass applies no rule, silently; the default is "
+                            f"{type(self.options)().max_sweeps})")
 
     def run(self, model: Model) -> PassResult:
         counts: Dict[str, int] = {}

@@ -15,6 +15,49 @@ from passctl.targets.registry import register_emitter
 
 logger = logging.getLogger(__name__)
 
+#: ONNX Runtime's graph optimization levels, highest first (``ORT_ENABLE_LAYOUT`` only where the
+#: installed ONNX Runtime has it), and the short names ``--emit 'onnxruntime{optimization_level=...}'``
+#: takes for them.
+OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_LAYOUT", "ORT_ENABLE_EXTENDED",
+                       "ORT_ENABLE_BASIC", "ORT_DISABLE_ALL")
+_SHORT_LEVELS = {"all": "ORT_ENABLE_ALL", "layout": "ORT_ENABLE_LAYOUT",
+                 "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
+                 "disable": "ORT_DISABLE_ALL", "disable_all": "ORT_DISABLE_ALL",
+                 "off": "ORT_DISABLE_ALL"}
+
+
+def available_levels() -> Tuple[str, ...]:
+    """:data:`OPTIMIZATION_LEVELS` that the installed ONNX Runtime has, highest first."""
+    import onnxruntime as ort
+
+    return tuple(n for n in OPTIMIZATION_LEVELS if hasattr(ort.GraphOptimizationLevel, n))
+
+
+def short_level(level: str) -> str:
+    """The short ``optimization_level`` name of an ``ORT_*`` level (``ORT_ENABLE_EXTENDED`` ->
+    ``extended``)."""
+    return next(k for k, v in _SHORT_LEVELS.items() if v == level)
+
+
+def parse_level(text: str) -> str:
+    """The ``onnxruntime.GraphOptimizationLevel`` name ``text`` gives: a short name (``all``,
+    ``layout``, ``extended``, ``basic``, ``disable`` / ``off``) or the full name, any case.
+
+    Raises:
+        UserError: ``text`` names no level of the installed ONNX Runtime.
+    """
+    from passctl.ir.errors import UserError
+
+    key = text.strip().lower()
+    level = _SHORT_LEVELS.get(key) or next((n for n in OPTIMIZATION_LEVELS if n.lower() == key),
+                                           None)
+    if level is None or level not in available_levels():
+        known = ", ".join(short_level(n) for n in available_levels())
+        raise UserError(f"optimization_level='{text}' is not an ONNX Runtime graph optimization "
+                        f"level; give one of {known} (or its ORT_* name)")
+    return level
+
+
 SESSION_FILE = "session.json"
 SESSION_SCHEMA = "passctl.onnxruntime.session/1"
 
@@ -32,11 +75,13 @@ def _graph_precisions(model: Optional[Model]) -> Tuple[bool, bool]:
     return half, int8
 
 
-def session_config(target: TargetProfile, model: Optional[Model] = None) -> Dict[str, Any]:
+def session_config(target: TargetProfile, model: Optional[Model] = None,
+                   level: str = "ORT_ENABLE_ALL") -> Dict[str, Any]:
     """The ``session.json`` content for ``target``.
 
     Keys: ``schema``; ``model`` (file name); ``target`` (profile dict); ``graph_optimization_level``
-    (an ``onnxruntime.GraphOptimizationLevel`` name); ``intra_op_num_threads`` (0 = ONNX Runtime's
+    (an ``onnxruntime.GraphOptimizationLevel`` name: ``level``, the emitter's
+    ``optimization_level``); ``intra_op_num_threads`` (0 = ONNX Runtime's
     default, one per physical core); ``execution_providers`` (``[name, options]`` pairs in priority
     order, ``CPUExecutionProvider`` last as fallback); ``optional_execution_providers`` (providers
     to put first when the runtime has them: the TensorRT EP on GPUs). The TensorRT EP's
@@ -67,7 +112,7 @@ def session_config(target: TargetProfile, model: Optional[Model] = None) -> Dict
         "schema": SESSION_SCHEMA,
         "model": MODEL_FILE,
         "target": target.to_dict(),
-        "graph_optimization_level": "ORT_ENABLE_ALL",
+        "graph_optimization_level": level,
         "intra_op_num_threads": 0,
         "execution_providers": providers,
         "optional_execution_providers": optional,
@@ -116,12 +161,21 @@ class OnnxRuntimeEmitter(Emitter):
     Writes ``model.onnx`` (weights in ``model.onnx.data`` when they exceed
     ``external_data_threshold`` bytes) and ``session.json`` (see :func:`session_config`), then
     opens the model once in ONNX Runtime with the CPU provider to prove it loads.
+
+    ``optimization_level`` is the graph optimization level ``session.json`` gives the session
+    (default ``all``: ``ORT_ENABLE_ALL``; ``extended``, ``basic``, ``disable``: see
+    :func:`parse_level`), for a model whose ONNX Runtime optimizer refuses the highest level.
+
+    Raises:
+        UserError: ``optimization_level`` names no level of the installed ONNX Runtime.
     """
 
     name = "onnxruntime"
 
-    def __init__(self, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD):
+    def __init__(self, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                 optimization_level: str = "all"):
         self.external_data_threshold = external_data_threshold
+        self.optimization_level = parse_level(optimization_level)
 
     def write(self, model: Model, target: TargetProfile, folder: str) -> Dict[str, Any]:
         """Write the artifact into ``folder`` (see :meth:`Emitter.write`).
@@ -134,7 +188,7 @@ class OnnxRuntimeEmitter(Emitter):
             EmitError: ONNX Runtime cannot load the written model.
         """
         path, nbytes, external = write_onnx(model, folder, self.external_data_threshold)
-        cfg = session_config(target, model)
+        cfg = session_config(target, model, self.optimization_level)
         with open(os.path.join(folder, SESSION_FILE), "w") as f:
             json.dump(cfg, f, indent=2)
             f.write("\n")
