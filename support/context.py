@@ -44,6 +44,10 @@ class CompileContext:
         calibration: a folder of ``.npz`` calibration feeds (arrays by graph input name) for the
             passes that calibrate (amp, quantize) and have no ``calib`` option of their own.
         check_bounds: the bounds the numeric check (``--check``, ``--check-each``) applies.
+        artifact_optimization: the ONNX Runtime ``graph_optimization_level`` the artifact ships
+            with when the emitter was told one (``--emit 'onnxruntime{optimization_level=...}'``:
+            ``ORT_ENABLE_EXTENDED``...), ``""`` for the emitter's default; budgeted passes measure
+            at that level.
 
     Use it as ``with context: ...`` to make it :func:`current_context` inside the block.
     """
@@ -53,6 +57,7 @@ class CompileContext:
     input_sizes: Dict[str, int] = field(default_factory=dict)
     calibration: str = ""
     check_bounds: List[CheckBound] = field(default_factory=list)
+    artifact_optimization: str = ""
 
     @classmethod
     def for_target(cls, name: Optional[str], emitter: Optional[str] = None) -> "CompileContext":

@@ -129,7 +129,8 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     target = get_target(args.target)
     emitter = get_emitter(args.emit or target.default_emitter)
     emitter.preflight(target, check=bool(args.check))
-    context = CompileContext(target=target, emitter=emitter.name)
+    context = CompileContext(target=target, emitter=emitter.name,
+                             artifact_optimization=getattr(emitter, "optimization_level", ""))
     passes = build_pipeline(args.pipeline, target.name, emitter.name, context=context)
     flat = PassManager(passes).flat_passes()
     emitter.check_passes(flat)

@@ -23,6 +23,7 @@ class CalibratingPass(Pass):
 
     budget_label: ClassVar[str] = ""
     _emitter: Optional[str] = None
+    _artifact_optimization: str = ""
 
     def configure(self, context: CompileContext) -> List[str]:
         """Take ``target``, ``calib`` and ``dims`` from ``context`` (see the class docstring).
@@ -32,6 +33,7 @@ class CalibratingPass(Pass):
         """
         o, given = self.options, self.given_options
         self._emitter = context.emitter or None
+        self._artifact_optimization = context.artifact_optimization
         if context.target is not None and "target" not in given:
             o.target = context.target.name
         if context.calibration and "calib" not in given and not o.calib:
@@ -47,8 +49,12 @@ class CalibratingPass(Pass):
         """The ONNX Runtime graph optimization level the numeric check runs this pass's output at,
         as shipped (:func:`passctl.support.check.check_optimization`): for the compile context's
         emitter, else the ``target`` profile's default emitter (``onnxruntime``: its
-        ``session.json`` level, ``ORT_ENABLE_ALL``; ``tensorrt``: ``ORT_DISABLE_ALL``)."""
+        ``session.json`` level, ``ORT_ENABLE_ALL``, or the level the emitter was told,
+        ``CompileContext.artifact_optimization``; ``tensorrt``: ``ORT_DISABLE_ALL``)."""
         from passctl.support.check import check_optimization
+
+        if self._artifact_optimization:
+            return self._artifact_optimization
         from passctl.support.profiles import get_target
 
         emitter = self._emitter or get_target(self.options.target).default_emitter

@@ -91,3 +91,22 @@ def test_check_runs_onnxruntime_artifacts_as_session_json_and_tensorrt_as_writte
     original = _session(model, "ORT_DISABLE_ALL")
     candidate = _session(out / "model.onnx", level)
     assert entry["metric_error"] == pytest.approx(_mean_rel(original, candidate, [feed]), rel=1e-9)
+
+
+def test_quantize_measures_at_the_level_the_emitter_is_told(tmp_path, capsys):
+    # --emit 'onnxruntime{optimization_level=basic}' ships ORT_ENABLE_BASIC (no QLinearConv
+    # fusion): the pass measures there too, and its error is the shipped session's
+    feeds = [det_input(96, 96, seed) for seed in range(2)]
+    calib = write_feeds(tmp_path / "calib", feeds)
+    out = tmp_path / "out"
+    rc = main([DET, "--pipeline", f"quantize{{calib={calib},metric=mean-rel,budget=1}}",
+               "--emit", "onnxruntime{optimization_level=basic}", "-o", str(out), "-q"])
+    assert rc == 0, capsys.readouterr()
+    report = json.loads((out / "report.json").read_text())
+    stats = next(p["stats"] for p in report["passes"] if p["name"] == "quantize-int8")
+    assert json.loads((out / "session.json").read_text())["graph_optimization_level"] == \
+        "ORT_ENABLE_BASIC"
+    assert stats["measured_with"] == "ORT_ENABLE_BASIC"
+    shipped = _mean_rel(_session(DET, "ORT_DISABLE_ALL"),
+                        _session(out / "model.onnx", "ORT_ENABLE_BASIC"), feeds)
+    assert stats["error"] == pytest.approx(shipped, rel=1e-3)
