@@ -17,7 +17,8 @@ from passctl.support.context import CompileContext
 from passctl.support.dims import parse_dim_args
 from passctl.support.errors import CheckFailed, InternalError
 from passctl.support.input_files import load_input_file
-from passctl.tools.model_source import IR_TEXT_SUFFIX, load_model
+from passctl.tools.model_source import (IR_TEXT_SUFFIX, TorchSource, describe_model_argument,
+                                        load_model, torch_source_of)
 from passctl.tools.numeric_check import (bounds_note, calibration_feed, check_bounds, check_inputs,
                                          failure_message, run_check)
 from passctl.tools.output_folder import check_output_path, check_writable_folder, default_out
@@ -94,8 +95,12 @@ def _verify_input(model, path: str) -> None:
                         f"`passctl verify {path}` lists every problem")
 
 
-def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
+def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, Any]:
     """Run ``passctl compile`` for parsed ``args``; return the report that was written.
+
+    ``args.model`` may also be an object (a :class:`passctl.ir.Model`, a PyTorch model or
+    :class:`passctl.tools.model_source.TorchSource`: :func:`passctl.tools.api.compile`);
+    ``keep_model``, when given, is called with the compiled IR once the artifact is written.
 
     Raises:
         UserError: bad model file, pipeline, target, emitter, option or input (exit 2).
@@ -131,8 +136,11 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     with DelayedProgress(console, total=steps) as progress, \
             tempfile.TemporaryDirectory(prefix="passctl-") as work:
         progress.update("loading the model")
-        model, path = load_model(args.model)
-        given_out = args.out or default_out(path)
+        torch_source = torch_source_of(args.model)
+        model, path = load_model(torch_source or args.model, work)
+        given_out = args.out or default_out(
+            args.model.rpartition(":")[0] if torch_source is not None and isinstance(
+                args.model, str) else path if isinstance(args.model, str) else "model.onnx")
         check_output_path(given_out, path)
         out = os.path.abspath(given_out)
         _verify_input(model, path)
@@ -186,7 +194,8 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         report: Dict[str, Any] = {
             "schema": REPORT_SCHEMA,
             "command": ["passctl"] + list(argv),
-            "model": {"path": os.path.abspath(path), "argument": args.model},
+            "model": {"path": os.path.abspath(path), "argument": describe_model_argument(args.model),
+                      "source": "pytorch" if torch_source is not None else "file"},
             "target": target.to_dict(),
             "emitter": emitter.name,
             "plugins": plugins,
@@ -200,6 +209,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             "op_histogram": {"before": hist_before, "after": op_histogram(model)},
         }
         report.update(instruments_report(instruments))
+        report["provenance"] = provenance_table(model)
 
         def finalize(folder: str, info: Dict[str, Any]) -> None:
             t_emitted = time.perf_counter()
@@ -211,6 +221,11 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                 report["check"] = run_check(reference, header, os.path.join(folder, "model.onnx"),
                                             model, args, context.check_bounds, dims, overrides,
                                             known)
+                if torch_source is not None and torch_source.inputs:
+                    report["check"]["torch"] = torch_eager_check(
+                        torch_source, os.path.join(folder, "model.onnx"), folder,
+                        args.rtol if args.rtol is not None else 1e-5, args.atol)
+                    report["check"]["ok"] = report["check"]["ok"] and report["check"]["torch"]["ok"]
                 for warning in report["check"]["warnings"]:
                     report["warnings"].append(warning)
                     print(f"passctl: warning: {warning}", file=sys.stderr)
@@ -220,9 +235,15 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                           total_s=t_end - start)
             report["timing"] = {k: round(v, 4) for k, v in timing.items()}
             if report["check"] is not None and not report["check"]["ok"]:
-                raise CheckFailed(failure_message(report["check"], context.check_bounds),
+                message = failure_message(report["check"], context.check_bounds)
+                eager = report["check"].get("torch")
+                if eager is not None and not eager["ok"]:
+                    message = torch_failure_message(eager)
+                raise CheckFailed(message,
                                   check_failure_folder(args, argv, model, report, folder))
             write_report(folder, report)
+            if keep_model is not None:
+                keep_model(model)
 
         progress.update(f"writing the {emitter.name} artifact")
         try:
@@ -240,6 +261,55 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     if not args.quiet:
         print_summary(console, report)
     return report
+
+
+def provenance_table(model) -> List[Dict[str, Any]]:
+    """Per compiled node: its name, op and provenance (the source nodes it came from: ONNX node
+    names, or module paths such as ``layers.0.q_proj/linear`` for a PyTorch model)."""
+    return [{"node": n.name, "op": n.op_type, "from": list(n.provenance)} for n in model.graph]
+
+
+def torch_eager_check(source: TorchSource, candidate: str, folder: str, rtol: float,
+                      atol: float) -> Dict[str, Any]:
+    """The artifact against the PyTorch model's own eager outputs on its example inputs.
+
+    Runs the artifact in ONNX Runtime with its ``session.json`` (as ``passctl run``) and the
+    module under ``torch.no_grad()``; outputs pair in order. Returns ``{"ok", "rtol", "outputs":
+    [{name, max_abs, max_rel, mean_rel}]}``; ``ok`` when every ``max_rel <= rtol`` (or
+    ``max_abs <= atol``)."""
+    from passctl.frontends.torch_module import torch_outputs
+    from passctl.tools.run_artifact import open_artifact
+
+    runner = open_artifact(folder)
+    got = runner.run_checked(source.feeds(), folder)
+    want = torch_outputs(source.model, source.inputs)
+    rows, ok = [], len(got) == len(want)
+    for (name, cand), ref in zip(got.items(), want):
+        ref64, cand64 = ref.astype("float64"), cand.astype("float64")
+        if ref64.shape != cand64.shape:
+            rows.append({"name": name, "error": f"shape {list(cand64.shape)} != torch's "
+                                                f"{list(ref64.shape)}"})
+            ok = False
+            continue
+        diff = abs(ref64 - cand64)
+        scale = float(abs(ref64).max()) if ref64.size else 0.0
+        max_abs = float(diff.max()) if diff.size else 0.0
+        max_rel = max_abs / scale if scale else max_abs
+        mean_rel = float(diff.mean() / abs(ref64).mean()) if ref64.size and abs(ref64).mean() else 0.0
+        rows.append({"name": name, "max_abs": max_abs, "max_rel": max_rel, "mean_rel": mean_rel})
+        ok = ok and (max_rel <= rtol or max_abs <= atol)
+    return {"ok": ok, "rtol": rtol, "outputs": rows}
+
+
+def torch_failure_message(eager: Dict[str, Any]) -> str:
+    """One line for a failed :func:`torch_eager_check`: the worst output and its error."""
+    bad = [r for r in eager["outputs"] if "error" in r or r["max_rel"] > eager["rtol"]]
+    if not bad:
+        return "check failed: the artifact returns a different number of outputs than the module"
+    r = bad[0]
+    what = r.get("error") or f"max_rel {r['max_rel']:.3g} > rtol {eager['rtol']:g}"
+    return (f"check failed against the PyTorch module's eager outputs: output '{r['name']}': "
+            f"{what}")
 
 
 def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: str) -> None:
