@@ -194,7 +194,10 @@ def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, An
         report: Dict[str, Any] = {
             "schema": REPORT_SCHEMA,
             "command": ["passctl"] + list(argv),
-            "model": {"path": os.path.abspath(path), "argument": describe_model_argument(args.model),
+            "model": {"path": (os.path.abspath(args.model.rpartition(":")[0])
+                               if torch_source is not None and isinstance(args.model, str) else
+                               None if torch_source is not None else os.path.abspath(path)),
+                      "argument": describe_model_argument(args.model),
                       "source": "pytorch" if torch_source is not None else "file"},
             "target": target.to_dict(),
             "emitter": emitter.name,
