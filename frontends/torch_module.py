@@ -13,9 +13,12 @@ module is given.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
+import io
 import os
 import sys
+import warnings
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from passctl.ir import Model
@@ -104,13 +107,19 @@ def export_onnx(model: Any, example_inputs: Sequence[Any] = (), path: str = "mod
     if not program:
         kwargs["dynamic_shapes"] = _dynamic_shapes(torch, example_inputs, dynamic_dims)
     try:
-        exported = torch.onnx.export(model, example_inputs if not program else (), **kwargs)
+        # the exporter prints its progress ("[torch.onnx] Obtain model graph...") and warns about
+        # renamed axes; passctl's own terminal output stays clean
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exported = torch.onnx.export(model, example_inputs if not program else (), **kwargs)
     except Exception as e:  # torch raises many types; the first line says what failed
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         name = type(model).__name__
         raise UserError(f"{name}: torch.onnx.export(dynamo=True) failed: {first[:300]} (export it "
                         "yourself with torch.onnx.export and give the .onnx file)") from None
-    exported.save(path, external_data=_needs_external_data(model, torch))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exported.save(path, external_data=_needs_external_data(model, torch))
     return path
 
 

@@ -138,6 +138,8 @@ def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, An
         progress.update("loading the model")
         torch_source = torch_source_of(args.model)
         model, path = load_model(torch_source or args.model, work)
+        if torch_source is not None and torch_source.inputs and not args.inputs:
+            overrides = torch_source.feeds()  # the check runs on the module's example inputs
         given_out = args.out or default_out(
             args.model.rpartition(":")[0] if torch_source is not None and isinstance(
                 args.model, str) else path if isinstance(args.model, str) else "model.onnx")
