@@ -228,8 +228,7 @@ def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, An
                                             known)
                 if torch_source is not None and torch_source.inputs:
                     report["check"]["torch"] = torch_eager_check(
-                        torch_source, os.path.join(folder, "model.onnx"), folder,
-                        args.rtol if args.rtol is not None else 1e-5, args.atol)
+                        torch_source, folder, context.check_bounds, args.atol)
                     report["check"]["ok"] = report["check"]["ok"] and report["check"]["torch"]["ok"]
                 for warning in report["check"]["warnings"]:
                     report["warnings"].append(warning)
@@ -274,45 +273,39 @@ def provenance_table(model) -> List[Dict[str, Any]]:
     return [{"node": n.name, "op": n.op_type, "from": list(n.provenance)} for n in model.graph]
 
 
-def torch_eager_check(source: TorchSource, candidate: str, folder: str, rtol: float,
-                      atol: float) -> Dict[str, Any]:
-    """The artifact against the PyTorch model's own eager outputs on its example inputs.
+def torch_eager_check(source: TorchSource, folder: str, bounds, atol: float) -> Dict[str, Any]:
+    """The artifact in ``folder`` against the PyTorch model's own eager outputs on its example
+    inputs, under the numeric check's ``bounds`` (``--rtol``, or the budget passes' metrics).
 
-    Runs the artifact in ONNX Runtime with its ``session.json`` (as ``passctl run``) and the
-    module under ``torch.no_grad()``; outputs pair in order. Returns ``{"ok", "rtol", "outputs":
-    [{name, max_abs, max_rel, mean_rel}]}``; ``ok`` when every ``max_rel <= rtol`` (or
-    ``max_abs <= atol``)."""
+    Runs the artifact as ``passctl run`` does (ONNX Runtime with its ``session.json``) and the
+    module under ``torch.no_grad()``; outputs pair in order; errors are
+    :class:`passctl.support.check.OutputDiff`'s (max-rel against the output's largest magnitude,
+    NaN/inf mismatches counted). Returns ``{"ok", "metric", "rtol", "outputs":
+    [OutputDiff.to_dict()]}`` (``metric`` / ``rtol``: the first bound).
+    """
     from passctl.frontends.torch_module import torch_outputs
+    from passctl.support.check import compare
     from passctl.tools.run_artifact import open_artifact
 
-    runner = open_artifact(folder)
-    got = runner.run_checked(source.feeds(), folder)
-    want = torch_outputs(source.model, source.inputs)
-    rows, ok = [], len(got) == len(want)
-    for (name, cand), ref in zip(got.items(), want):
-        ref64, cand64 = ref.astype("float64"), cand.astype("float64")
-        if ref64.shape != cand64.shape:
-            rows.append({"name": name, "error": f"shape {list(cand64.shape)} != torch's "
-                                                f"{list(ref64.shape)}"})
-            ok = False
-            continue
-        diff = abs(ref64 - cand64)
-        scale = float(abs(ref64).max()) if ref64.size else 0.0
-        max_abs = float(diff.max()) if diff.size else 0.0
-        max_rel = max_abs / scale if scale else max_abs
-        mean_rel = float(diff.mean() / abs(ref64).mean()) if ref64.size and abs(ref64).mean() else 0.0
-        rows.append({"name": name, "max_abs": max_abs, "max_rel": max_rel, "mean_rel": mean_rel})
-        ok = ok and (max_rel <= rtol or max_abs <= atol)
-    return {"ok": ok, "rtol": rtol, "outputs": rows}
+    got = open_artifact(folder).run_checked(source.feeds(), folder)
+    want = dict(zip(got, torch_outputs(source.model, source.inputs)))
+    result = compare(want, got)
+    ok = len(got) == len(want) and all(result.ok(b.rtol, atol, b.metric) for b in bounds)
+    return {"ok": ok, "metric": bounds[0].metric, "rtol": bounds[0].rtol,
+            "outputs": [d.to_dict() for d in result.outputs.values()]}
 
 
 def torch_failure_message(eager: Dict[str, Any]) -> str:
     """One line for a failed :func:`torch_eager_check`: the worst output and its error."""
-    bad = [r for r in eager["outputs"] if "error" in r or r["max_rel"] > eager["rtol"]]
+    key = eager["metric"].replace("-", "_")
+    bad = [r for r in eager["outputs"] if r["problem"] or r["nonfinite_mismatch"]
+           or (key in r and float(r[key]) > eager["rtol"])]
     if not bad:
         return "check failed: the artifact returns a different number of outputs than the module"
     r = bad[0]
-    what = r.get("error") or f"max_rel {r['max_rel']:.3g} > rtol {eager['rtol']:g}"
+    what = r["problem"] or (f"{r['nonfinite_mismatch']} NaN/inf positions differ"
+                            if r["nonfinite_mismatch"] else
+                            f"{eager['metric']} {float(r[key]):.3g} > {eager['rtol']:g}")
     return (f"check failed against the PyTorch module's eager outputs: output '{r['name']}': "
             f"{what}")
 
