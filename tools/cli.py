@@ -174,11 +174,29 @@ def _add_compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
 
 
+_EPILOG = """examples:
+  passctl model.onnx --pipeline cleanup,fuse --target cpu --check -o out
+  passctl model.onnx -p 'cleanup,fuse,quantize{calib=images/}' -t cpu -o out-int8
+  passctl model.py:make_model -p cleanup,fuse -o out      (a PyTorch nn.Module factory)
+  passctl run out --inputs feeds.npz                       (run an artifact, print outputs, ms)
+  passctl show model.onnx | less                           (the IR text form)
+  passctl list-passes                                      (passes, groups, options)
+
+exit codes:
+  0  success
+  2  user error: bad model file, pipeline, target, option or input (one line says what to fix)
+  3  internal error: a failed pass, verify run or --check (one line and a reproducer folder)
+  4  the environment's fault: a full disk or exhausted quota (one line, nothing written)
+  130  interrupted
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser with one subparser per subcommand."""
     parser = _Parser(prog="passctl", description=(
         "Compile a trained model: passctl MODEL --pipeline P --target T -o OUT (same as "
-        "`passctl compile ...`)."), epilog=EXIT_CODES_HELP)
+        "`passctl compile ...`)."), epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     from passctl import __version__
 
     parser.add_argument("--version", action="version", version=f"passctl {__version__}")

@@ -17,7 +17,8 @@ from passctl.support.context import CompileContext
 from passctl.support.dims import parse_dim_args
 from passctl.support.errors import CheckFailed, EnvironmentFault, InternalError, one_line
 from passctl.support.input_files import load_input_file
-from passctl.tools.model_source import IR_TEXT_SUFFIX, load_model
+from passctl.tools.model_source import (IR_TEXT_SUFFIX, TorchSource, describe_model_argument,
+                                        load_model, torch_source_of)
 from passctl.tools.numeric_check import (bounds_note, calibration_feed, check_bounds, check_inputs,
                                          failure_message, run_check)
 from passctl.tools.output_folder import check_output_path, check_writable_folder, default_out
@@ -108,8 +109,12 @@ def _verify_input(model, path: str) -> None:
                         f"`passctl verify {path}` lists every problem")
 
 
-def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
+def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, Any]:
     """Run ``passctl compile`` for parsed ``args``; return the report that was written.
+
+    ``args.model`` may also be an object (a :class:`passctl.ir.Model`, a PyTorch model or
+    :class:`passctl.tools.model_source.TorchSource`: :func:`passctl.tools.api.compile`);
+    ``keep_model``, when given, is called with the compiled IR once the artifact is written.
 
     Raises:
         UserError: bad model file, pipeline, target, emitter, option or input (exit 2).
@@ -148,8 +153,13 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     with DelayedProgress(console, total=steps) as progress, \
             tempfile.TemporaryDirectory(prefix=_work_prefix()) as work:
         progress.update("loading the model")
-        model, path = load_model(args.model)
-        given_out = args.out or default_out(path)
+        torch_source = torch_source_of(args.model)
+        model, path = load_model(torch_source or args.model, work)
+        if torch_source is not None and torch_source.inputs and not args.inputs:
+            overrides = torch_source.feeds()  # the check runs on the module's example inputs
+        given_out = args.out or default_out(
+            args.model.rpartition(":")[0] if torch_source is not None and isinstance(
+                args.model, str) else path if isinstance(args.model, str) else "model.onnx")
         check_output_path(given_out, path)
         out = os.path.abspath(given_out)
         _verify_input(model, path)
@@ -206,7 +216,11 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
         report: Dict[str, Any] = {
             "schema": REPORT_SCHEMA,
             "command": ["passctl"] + list(argv),
-            "model": {"path": os.path.abspath(path), "argument": args.model},
+            "model": {"path": (os.path.abspath(args.model.rpartition(":")[0])
+                               if torch_source is not None and isinstance(args.model, str) else
+                               None if torch_source is not None else os.path.abspath(path)),
+                      "argument": describe_model_argument(args.model),
+                      "source": "pytorch" if torch_source is not None else "file"},
             "target": target.to_dict(),
             "emitter": emitter.name,
             "plugins": plugins,
@@ -220,6 +234,7 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
             "op_histogram": {"before": hist_before, "after": op_histogram(model)},
         }
         report.update(instruments_report(instruments))
+        report["provenance"] = provenance_table(model)
 
         def finalize(folder: str, info: Dict[str, Any]) -> None:
             t_emitted = time.perf_counter()
@@ -237,7 +252,8 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                 try:
                     report["verify"], verified = verify_artifact(
                         folder, model, reference, header or load_header(reference), dims,
-                        args.seed, recorder, known)
+                        args.seed, recorder, known,
+                        torch_source.feeds() if torch_source is not None else None)
                 except VerifyFailed as e:
                     report["verify"] = {"ran": True, "ok": False, "error": str(e)}
                     e.reproducer = check_failure_folder(args, argv, model, report, folder,
@@ -249,6 +265,10 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                 report["check"] = run_check(reference, header, os.path.join(folder, "model.onnx"),
                                             model, args, context.check_bounds, dims, overrides,
                                             known or verified)
+                if torch_source is not None and torch_source.inputs:
+                    report["check"]["torch"] = torch_eager_check(
+                        torch_source, folder, context.check_bounds, args.atol)
+                    report["check"]["ok"] = report["check"]["ok"] and report["check"]["torch"]["ok"]
                 for warning in report["check"]["warnings"]:
                     report["warnings"].append(warning)
                     print(f"passctl: warning: {warning}", file=sys.stderr)
@@ -259,9 +279,15 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
                           total_s=t_end - start)
             report["timing"] = {k: round(v, 4) for k, v in timing.items()}
             if report["check"] is not None and not report["check"]["ok"]:
-                raise CheckFailed(failure_message(report["check"], context.check_bounds),
+                message = failure_message(report["check"], context.check_bounds)
+                eager = report["check"].get("torch")
+                if eager is not None and not eager["ok"]:
+                    message = torch_failure_message(eager)
+                raise CheckFailed(message,
                                   check_failure_folder(args, argv, model, report, folder))
             write_report(folder, report)
+            if keep_model is not None:
+                keep_model(model)
 
         progress.update(f"writing the {emitter.name} artifact")
         try:
@@ -286,6 +312,49 @@ def run_compile(args, argv: List[str], console) -> Dict[str, Any]:
     if not args.quiet:
         print_summary(console, report)
     return report
+
+
+def provenance_table(model) -> List[Dict[str, Any]]:
+    """Per compiled node: its name, op and provenance (the source nodes it came from: ONNX node
+    names, or module paths such as ``layers.0.q_proj/linear`` for a PyTorch model)."""
+    return [{"node": n.name, "op": n.op_type, "from": list(n.provenance)} for n in model.graph]
+
+
+def torch_eager_check(source: TorchSource, folder: str, bounds, atol: float) -> Dict[str, Any]:
+    """The artifact in ``folder`` against the PyTorch model's own eager outputs on its example
+    inputs, under the numeric check's ``bounds`` (``--rtol``, or the budget passes' metrics).
+
+    Runs the artifact as ``passctl run`` does (ONNX Runtime with its ``session.json``) and the
+    module under ``torch.no_grad()``; outputs pair in order; errors are
+    :class:`passctl.support.check.OutputDiff`'s (max-rel against the output's largest magnitude,
+    NaN/inf mismatches counted). Returns ``{"ok", "metric", "rtol", "outputs":
+    [OutputDiff.to_dict()]}`` (``metric`` / ``rtol``: the first bound).
+    """
+    from passctl.frontends.torch_module import torch_outputs
+    from passctl.support.check import compare
+    from passctl.tools.run_artifact import open_artifact
+
+    got = open_artifact(folder).run_checked(source.feeds(), folder)
+    want = dict(zip(got, torch_outputs(source.model, source.inputs)))
+    result = compare(want, got)
+    ok = len(got) == len(want) and all(result.ok(b.rtol, atol, b.metric) for b in bounds)
+    return {"ok": ok, "metric": bounds[0].metric, "rtol": bounds[0].rtol,
+            "outputs": [d.to_dict() for d in result.outputs.values()]}
+
+
+def torch_failure_message(eager: Dict[str, Any]) -> str:
+    """One line for a failed :func:`torch_eager_check`: the worst output and its error."""
+    key = eager["metric"].replace("-", "_")
+    bad = [r for r in eager["outputs"] if r["problem"] or r["nonfinite_mismatch"]
+           or (key in r and float(r[key]) > eager["rtol"])]
+    if not bad:
+        return "check failed: the artifact returns a different number of outputs than the module"
+    r = bad[0]
+    what = r["problem"] or (f"{r['nonfinite_mismatch']} NaN/inf positions differ"
+                            if r["nonfinite_mismatch"] else
+                            f"{eager['metric']} {float(r[key]):.3g} > {eager['rtol']:g}")
+    return (f"check failed against the PyTorch module's eager outputs: output '{r['name']}': "
+            f"{what}")
 
 
 def _raise_if_environment_fault(error: BaseException, reproducer) -> None:

@@ -60,18 +60,71 @@ def resolve_model_path(spec: str) -> str:
                     f"{', '.join(roots) or 'nowhere: the package has no folder'})")
 
 
-def load_model(spec: str) -> Tuple[Model, str]:
-    """Load the MODEL argument: ONNX, or IR text when the file ends with ``.pir``.
+#: ``path/to/file.py:function``: a Python file and a function returning ``(module, inputs)``.
+_FACTORY_SPEC = re.compile(r"^(.+\.py):([A-Za-z_][A-Za-z0-9_]*)$")
+
+
+class TorchSource:
+    """A PyTorch model being compiled: the module (or exported program) and its example inputs.
+
+    ``inputs`` is a tuple of tensors; ``names`` the exported ONNX graph's input names, in order."""
+
+    def __init__(self, model, inputs, dynamic_dims=None):
+        self.model, self.inputs, self.dynamic_dims = model, tuple(inputs), dynamic_dims
+        self.names = []
+
+    def feeds(self):
+        """The example inputs as numpy arrays by ONNX input name."""
+        return {n: t.detach().cpu().numpy() for n, t in zip(self.names, self.inputs)}
+
+
+def describe_model_argument(spec) -> str:
+    """What the report calls the MODEL argument: the path text, or the Python object's type."""
+    if isinstance(spec, (str, os.PathLike)):
+        return os.fspath(spec)
+    if isinstance(spec, TorchSource):
+        spec = spec.model
+    return f"<{type(spec).__module__}.{type(spec).__name__}>"
+
+
+def load_model(spec, workdir: str = ".") -> Tuple[Model, str]:
+    """Load the MODEL argument: ONNX, IR text when the file ends with ``.pir``, a PyTorch model
+    (``file.py:function``, a :class:`TorchSource`, an ``nn.Module`` or ``ExportedProgram``), or
+    an in-memory :class:`Model` (copied: the passes never change the caller's model).
+
+    ``workdir``: where a PyTorch export or a copy of an in-memory model is written (it must live
+    as long as the returned model).
 
     Returns:
-        ``(model, path)`` with the resolved file path.
+        ``(model, path)`` with the resolved file path (the exported ONNX file for PyTorch).
 
     Raises:
         UserError: as :func:`resolve_model_path`; the file is a folder; or the file does not load
             (``ModelLoadError`` / ``ParseError`` from the importer or parser, one line each; an
-            initializer whose data does not match its dims and type is refused).
+            initializer whose data does not match its dims and type is refused); or the PyTorch
+            export fails or torch is missing.
     """
-    path = resolve_model_path(spec)
+    if isinstance(spec, Model):
+        from passctl.ir.onnx_export import save
+        from passctl.ir.onnx_import import load
+
+        path = os.path.join(workdir, "input.onnx")
+        save(spec, path)
+        return load(path), path
+    torch_source = torch_source_of(spec)
+    if torch_source is not None:
+        from passctl.frontends.torch_module import import_torch
+
+        model = import_torch(torch_source.model, torch_source.inputs, workdir,
+                             dynamic_dims=torch_source.dynamic_dims)
+        torch_source.names = [v.name for v in model.graph.inputs]
+        logger.info("exported %s: %d nodes", describe_model_argument(spec), len(model.graph))
+        return model, os.path.join(workdir, "model.onnx")
+    if not isinstance(spec, (str, os.PathLike)):
+        raise UserError(f"cannot compile a {type(spec).__name__}: give an .onnx or .pir path, a "
+                        "passctl Model, a torch.nn.Module with example_inputs, or an "
+                        "ExportedProgram")
+    path = resolve_model_path(os.fspath(spec))
     if os.path.isdir(path):
         raise UserError(f"model '{path}' is a folder; give the path of an .onnx or .pir file")
     if path.endswith(IR_TEXT_SUFFIX):
@@ -94,3 +147,21 @@ def load_model(spec: str) -> Tuple[Model, str]:
         model = load(path, check_data=True)  # ONNX Runtime refuses a tensor short of data
     logger.info("loaded %s: %d nodes", path, len(model.graph))
     return model, path
+
+
+def torch_source_of(spec) -> "TorchSource | None":
+    """``spec`` as a :class:`TorchSource` when it names a PyTorch model (``FILE.py:FUNCTION`` is
+    called here), else None.
+
+    Raises:
+        UserError: as :func:`passctl.frontends.torch_module.load_factory`.
+    """
+    from passctl.frontends.torch_module import is_torch_model, load_factory
+
+    if isinstance(spec, TorchSource):
+        return spec
+    if is_torch_model(spec):
+        return TorchSource(spec, ())
+    if isinstance(spec, str) and _FACTORY_SPEC.match(spec) and not os.path.exists(spec):
+        return TorchSource(*load_factory(spec))
+    return None

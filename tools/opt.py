@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
-from passctl.ir import Model, print_model
 from passctl.ir.errors import UserError
-from passctl.passes import Pass
+
+if TYPE_CHECKING:  # the CLI builds this parser for --help: keep onnx out of that path
+    from passctl.ir import Model
+    from passctl.passes import Pass
 
 EXIT_OK, EXIT_INTERNAL_ERROR = 0, 3
 
@@ -108,6 +110,8 @@ def opt_text(model_spec: str, pipeline: str, target: str = "cpu", verify_each: b
         load_plugin_file(path)
     passes = pipeline_passes(pipeline, target, emit)  # pipeline errors before the model loads
     model, path = load_model(model_spec)
+    from passctl.ir import print_model
+
     return print_model(optimize(model, passes, verify_each, path))
 
 

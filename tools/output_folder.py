@@ -15,7 +15,7 @@ from passctl.tools.report import REPORT_FILE, REPORT_SCHEMA
 def default_out(model_path: str) -> str:
     """``./<model stem>.passctl``: in the current folder, never next to a packaged model."""
     stem = os.path.basename(model_path)
-    for suffix in (".onnx", IR_TEXT_SUFFIX):
+    for suffix in (".onnx", IR_TEXT_SUFFIX, ".py"):
         if stem.endswith(suffix):
             stem = stem[: -len(suffix)]
     return f"{stem}.passctl"

@@ -133,7 +133,7 @@ class _Runner:
                     i["shape"]) for i in self.tvm.manifest["inputs"]]
             except ImportError as e:
                 raise UserError(f"artifact '{folder}' is a TVM artifact; running it needs apache-tvm "
-                                f"(pip install 'passctl[tvm]'): {e}") from e
+                                f"(pip install -e '.[tvm]' in a passctl clone): {e}") from e
             except (KeyError, TypeError, ValueError) as e:
                 raise _damaged(folder, "manifest.json", f"lacks an entry or has a wrong one "
                                f"({type(e).__name__}: {one_line(e)[:200]})") from None
@@ -168,6 +168,28 @@ class _Runner:
             return self.tvm.run(feeds)
         names = [o.name for o in self.session.get_outputs()]
         return dict(zip(names, self.session.run(None, dict(feeds))))
+
+    def run_checked(self, feeds: Mapping[str, np.ndarray], folder: str) -> Dict[str, np.ndarray]:
+        """:meth:`run`, with inputs that do not fit reported as the user's.
+
+        Raises:
+            UserError: the runtime refuses the inputs (names the artifact folder).
+        """
+        try:
+            return self.run(feeds)
+        except Exception as e:
+            if not isinstance(e, (KeyError, ValueError)) and not _is_ort_input_error(e):
+                raise
+            raise UserError(f"artifact '{folder}': the inputs do not fit: {one_line(e)}") from e
+
+
+def open_artifact(folder: str) -> _Runner:
+    """The artifact in ``folder``, loaded for running (``_Runner.run`` / ``run_checked``).
+
+    Raises:
+        UserError: as ``_Runner``: not an artifact, damaged, or apache-tvm missing.
+    """
+    return _Runner(folder)
 
 
 def summarize(array: np.ndarray) -> str:
@@ -210,19 +232,14 @@ def run_artifact(folder: str, inputs: Optional[str] = None, runs: int = 10, warm
     _warn_outside_profile(profile, feeds)
     if runner.kind == "onnxruntime":
         _warn_isa(folder, runner.header)
-    try:
+    outputs = runner.run_checked(feeds, folder)  # the first run says when the inputs do not fit
+    for _ in range(max(warmup - 1, 0)):
+        runner.run(feeds)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
         outputs = runner.run(feeds)
-        for _ in range(max(warmup - 1, 0)):
-            runner.run(feeds)
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            outputs = runner.run(feeds)
-            times.append((time.perf_counter() - start) * 1e3)
-    except Exception as e:
-        if not isinstance(e, (KeyError, ValueError)) and not _is_ort_input_error(e):
-            raise
-        raise UserError(f"artifact '{folder}': the inputs do not fit: {one_line(e)}") from e
+        times.append((time.perf_counter() - start) * 1e3)
     return runner.kind, outputs, times
 
 

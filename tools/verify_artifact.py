@@ -219,7 +219,8 @@ def _nonfinite_problem(got: np.ndarray, want: Optional[np.ndarray]) -> Optional[
 
 def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, int],
                     seed: int, recorder: Optional[TouchRecorder],
-                    known: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None
+                    known: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None,
+                    overrides: Optional[Dict[str, Any]] = None
                     ) -> Tuple[Dict[str, Any], Optional[Tuple[Dict[str, Any], Dict[str, Any]]]]:
     """Run the artifact in ``folder`` once and check its outputs; return ``report["verify"]``
     and ``(inputs, original outputs)`` (None when the original did not run), which a later
@@ -238,7 +239,8 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
     original model's own declaration is wrong) passes, with a note.
 
     ``known``: ``(inputs, outputs)`` of the original already run (``--check-each``'s), reused
-    when the inputs are the same arrays.
+    when the inputs are the same arrays. ``overrides``: arrays by input name used instead of
+    seeded ones (a PyTorch model's example inputs, whose token ids random values could not be).
 
     Returns:
         the report entry ``{"ran", "ms", "runtime", "dims", "inputs", "outputs"}`` (``outputs``: ``name``, ``shape``,
@@ -274,7 +276,8 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
         return entry, ran
 
     try:
-        plan = plan_inputs(header, dim_values=_candidate_dims(folder, model, dims, tvm))
+        plan = plan_inputs(header, dim_values=_candidate_dims(folder, model, dims, tvm),
+                           overrides=overrides or {})
         inputs = draw_inputs(plan, seed)
     except UserError as e:
         return done(reason=f"no seeded inputs for this model: {one_line(e)}")

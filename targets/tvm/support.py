@@ -25,7 +25,7 @@ def import_tvm():
     try:
         import tvm  # noqa: F401
     except ImportError as e:
-        raise UserError("the TVM emitter needs apache-tvm: pip install 'passctl[tvm]' "
+        raise UserError("the TVM emitter needs apache-tvm: pip install -e '.[tvm]' in a passctl clone "
                         f"(apache-tvm=={TVM_VERSION}.0.post1); import failed: {e}") from e
     return tvm
 

@@ -1,0 +1,1 @@
+"""Frontends: models from other frameworks into passctl IR (PyTorch through torch.export)."""
