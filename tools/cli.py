@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERNAL_ERROR = 0, 2, 3
 SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-rules", "list-targets",
-               "run", "opt")
+               "run", "opt", "export-decoder", "generate")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run_artifact.add_parser(sub)
     opt.add_parser(sub)
+    from passctl.tools import export_decoder, generate
+
+    export_decoder.add_parser(sub)
+    generate.add_parser(sub)
     return parser
 
 
@@ -315,6 +319,14 @@ def _dispatch(args, argv: List[str], console) -> int:
         from passctl.tools import opt
 
         return opt.main(args)
+    elif args.command == "export-decoder":
+        from passctl.tools import export_decoder
+
+        return export_decoder.main(args, console)
+    elif args.command == "generate":
+        from passctl.tools import generate
+
+        return generate.main(args, console)
     return EXIT_OK
 
 
