@@ -102,6 +102,15 @@ def _prepare_out(out: str) -> None:
                         "a new folder (it would be replaced)")
 
 
+def _temp_folder(parent: str) -> str:
+    """A new hidden folder in ``parent`` with the permissions of the umask (mkdtemp's are 0700)."""
+    tmp = tempfile.mkdtemp(prefix=".passctl-decoder-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp
+
+
 def _commit(tmp: str, out: str) -> None:
     if os.path.isdir(out):
         shutil.rmtree(out)
@@ -141,7 +150,7 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
     del weights
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".passctl-decoder-", dir=parent)
+    tmp = _temp_folder(parent)
     try:
         import onnx
 
@@ -149,6 +158,9 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
                         all_tensors_to_one_file=True, location="model.onnx.data",
                         size_threshold=1024)
         del proto
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(os.path.join(tmp, "model.onnx.data"), 0o666 & ~umask)
         manifest = {"format": 1, "layout": LAYOUT, "model": "model.onnx", "max_length": max_length,
                     "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
                     "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,
@@ -223,7 +235,7 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None) -
             eos = [int(v) for v in (value if isinstance(value, list) else [value]) if v is not None]
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".passctl-decoder-", dir=parent)
+    tmp = _temp_folder(parent)
     try:
         manifest = {"format": 1, "layout": DYNAMIC_LAYOUT, "model": os.path.abspath(path),
                     "max_length": None, "num_layers": layout.num_layers,
