@@ -48,6 +48,12 @@ from passctl.passes.decoder.spec import DecoderSpec, check_max_length
 LAYOUT = "passctl-static-kv"
 """The ``layout`` name of the graph :func:`build_decoder` writes (docs/generate.md)."""
 
+DYNAMIC_LAYOUT = "past-key-values"
+"""The layout of Optimum / onnxruntime-genai decoders: ``attention_mask`` [batch, total] instead of
+``seqlens_k`` / ``total_sequence_length``, a cache that grows (past [.., past, ..] -> present
+[.., total, ..]); :func:`build_decoder` writes it with ``layout=DYNAMIC_LAYOUT`` (for tests of
+the runtime's support of user decoders)."""
+
 OPSET = 17
 MS_DOMAIN = "com.microsoft"
 
@@ -103,7 +109,8 @@ def _optional(weights: Mapping[str, np.ndarray], key: str) -> Optional[np.ndarra
 
 
 def build_decoder(spec: DecoderSpec, weights: Mapping[str, np.ndarray], inv_freq: np.ndarray,
-                  attention_scaling: float = 1.0, max_length: int = 2048) -> onnx.ModelProto:
+                  attention_scaling: float = 1.0, max_length: int = 2048,
+                  layout: str = LAYOUT) -> onnx.ModelProto:
     """The decoder graph of module docstring's layout, with the weights as initializers.
 
     Args:
@@ -114,6 +121,8 @@ def build_decoder(spec: DecoderSpec, weights: Mapping[str, np.ndarray], inv_freq
             ``model.rotary_emb.inv_freq``, which already includes any static rope scaling).
         attention_scaling: the factor transformers multiplies cos and sin with (yarn; else 1).
         max_length: the cache length ``M`` (prompt plus generated tokens).
+        layout: :data:`LAYOUT` (default) or :data:`DYNAMIC_LAYOUT` (rotary tables of
+            ``max_length`` rows; the cache grows instead).
 
     Returns:
         An ONNX model (opset 17 plus ``com.microsoft``), float32, for ONNX Runtime.
@@ -127,7 +136,18 @@ def build_decoder(spec: DecoderSpec, weights: Mapping[str, np.ndarray], inv_freq
     if np.asarray(inv_freq).shape != (hd // 2,):
         raise UserError(f"rotary inv_freq has shape {np.asarray(inv_freq).shape}, expected "
                         f"({hd // 2},) for head size {hd}")
+    if layout not in (LAYOUT, DYNAMIC_LAYOUT):
+        raise UserError(f"decoder layout '{layout}': give {LAYOUT} or {DYNAMIC_LAYOUT}")
     b = _Builder()
+    if layout == DYNAMIC_LAYOUT:
+        # GroupQueryAttention's lengths from the mask, as onnxruntime-genai's model builder does
+        total = b.node("ReduceSum", ["attention_mask", b.init("axis1", np.array([1], np.int64))],
+                       keepdims=0)
+        b.node("Cast", [b.node("Sub", [total, b.init("one", np.array(1, np.int64))])],
+               ["seqlens_k"], to=TensorProto.INT32)
+        width = b.node("Gather", [b.node("Shape", ["attention_mask"]),
+                                  b.init("index1", np.array(1, np.int64))], axis=0)
+        b.node("Cast", [width], ["total_sequence_length"], to=TensorProto.INT32)
     cos, sin = rotary_tables(inv_freq, attention_scaling, max_length)
     b.init("rotary.cos_cache", cos)
     b.init("rotary.sin_cache", sin)
@@ -204,21 +224,27 @@ def build_decoder(spec: DecoderSpec, weights: Mapping[str, np.ndarray], inv_freq
 
     f32 = TensorProto.FLOAT
     cache = ["batch", kv, max_length, hd]
+    present = cache
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
               helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["batch"]),
               helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    if layout == DYNAMIC_LAYOUT:
+        cache, present = ["batch", kv, "past_sequence", hd], ["batch", kv, "total_sequence", hd]
+        inputs[1:] = [helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
+                                                    ["batch", "total_sequence"])]
     outputs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, spec.vocab_size])]
     for i in range(spec.num_layers):
         pk, pv, ok, ov = past_names(i)
         inputs += [helper.make_tensor_value_info(pk, f32, cache),
                    helper.make_tensor_value_info(pv, f32, cache)]
-        outputs += [helper.make_tensor_value_info(ok, f32, cache),
-                    helper.make_tensor_value_info(ov, f32, cache)]
+        outputs += [helper.make_tensor_value_info(ok, f32, present),
+                    helper.make_tensor_value_info(ov, f32, present)]
     graph = helper.make_graph(b.nodes, f"{spec.model_type}_decoder", inputs, outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                     helper.make_opsetid(MS_DOMAIN, 1)],
                               producer_name="passctl", ir_version=9)
-    meta: Dict[str, str] = {"passctl.layout": LAYOUT, "passctl.max_length": str(max_length)}
+    meta: Dict[str, str] = {"passctl.layout": LAYOUT, "passctl.max_length": str(max_length)} \
+        if layout == LAYOUT else {}
     for key, value in meta.items():
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value

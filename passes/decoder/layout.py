@@ -9,9 +9,8 @@ from typing import Dict, List
 import onnx
 
 from passctl.ir.errors import UserError
+from passctl.passes.decoder.graph import DYNAMIC_LAYOUT
 from passctl.passes.decoder.graph import LAYOUT as STATIC_LAYOUT
-
-DYNAMIC_LAYOUT = "past-key-values"
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _PRESENT = re.compile(r"^present\.(\d+)\.(key|value)$")
