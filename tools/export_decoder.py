@@ -165,7 +165,8 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
                     "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
                     "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,
                     "eos_token_ids": list(spec.eos_token_ids), "dtype": "float32",
-                    "source": source, "spec": spec.to_json(), "tokenizer": None}
+                    "source": source, "spec": spec.to_json(), "tokenizer": None,
+                    "weight_bytes": os.path.getsize(os.path.join(tmp, "model.onnx.data"))}
         if tokenizer is not None:
             tokenizer.save_pretrained(os.path.join(tmp, "tokenizer"))
             if os.path.isfile(os.path.join(tmp, "tokenizer", "tokenizer.json")):

@@ -96,6 +96,16 @@ def _chat(folder: str, manifest: dict, text: str) -> str:
                                    add_generation_prompt=True)
 
 
+def _streamed(manifest: dict, result) -> str:
+    """``, weights read at X GB/s``: weight bytes x decode tokens/s (every decode step reads every
+    weight once), when the manifest knows the weight size."""
+    size = manifest.get("weight_bytes")
+    rate = result.tokens_per_s
+    if not size or rate != rate:
+        return ""
+    return f", weights read at {size * rate / 1e9:.1f} GB/s"
+
+
 def main(args, console) -> int:
     from passctl.targets.onnxruntime.generate import Generator, load_tokenizer, read_manifest
 
@@ -140,5 +150,6 @@ def main(args, console) -> int:
         n = result.tokens.shape[1]
         print(f"passctl: {result.prompt_tokens} prompt tokens, {n} new; time to first token "
               f"{1000 * result.time_to_first_token_s:.1f} ms, {result.ms_per_token:.2f} ms/token, "
-              f"{result.tokens_per_s:.1f} tokens/s (decode, cpu)", file=sys.stderr)
+              f"{result.tokens_per_s:.1f} tokens/s (decode, cpu){_streamed(manifest, result)}",
+              file=sys.stderr)
     return 0
