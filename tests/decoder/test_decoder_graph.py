@@ -12,7 +12,7 @@ from passctl.ir.errors import UserError
 from passctl.targets.onnxruntime.generate import Generator
 from passctl.tools.export_decoder import export_from_transformers
 
-FAMILIES = ["llama", "qwen2", "mqa"]
+FAMILIES = ["llama", "qwen2", "mqa", "mistral"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
