@@ -36,8 +36,11 @@ def read_manifest(folder: str) -> dict:
         UserError: ``folder`` is missing, has no ``decoder.json`` (not a decoder artifact), or
             the manifest is not valid JSON / names an unknown layout.
     """
+    if os.path.isfile(folder):
+        raise UserError(f"'{folder}' is a file, not a decoder artifact; make one with "
+                        f"`passctl export-decoder {folder} -o OUT` and give OUT")
     if not os.path.isdir(folder):
-        raise UserError(f"'{folder}' is not a folder; give the output folder of "
+        raise UserError(f"'{folder}' not found; give the output folder of "
                         "`passctl export-decoder`")
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
