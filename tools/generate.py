@@ -18,6 +18,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    """``--seed``: an integer >= 0 (numpy's ``default_rng`` refuses negative seeds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a seed: give an integer >= 0, e.g. 0")
+    return value
+
+
 def _float_in(low: float, high: float, what: str, low_open: bool = False):
     def parse(text: str) -> float:
         try:
@@ -33,8 +44,6 @@ def _float_in(low: float, high: float, what: str, low_open: bool = False):
 
 
 def add_parser(sub) -> None:
-    from passctl.tools.cli import seed_value
-
     p = sub.add_parser("generate", help="generate text with a decoder artifact "
                        "(passctl export-decoder), streaming tokens")
     p.add_argument("artifact", help="output folder of `passctl export-decoder`")
@@ -47,7 +56,7 @@ def add_parser(sub) -> None:
                    help="0 (default): greedy; > 0: sample from softmax(logits / T)")
     p.add_argument("--top-p", type=_float_in(0.0, 1.0, "top-p mass", low_open=True), default=1.0,
                    help="nucleus sampling mass (with --temperature > 0; default 1)")
-    p.add_argument("--seed", type=seed_value, default=0, help="sampler seed (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="sampler seed (default 0)")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the model's chat template as one user message")
     p.add_argument("--ignore-eos", action="store_true",
