@@ -204,7 +204,8 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None) -
     """Write a ``past-key-values`` artifact for decoder ONNX ``path`` (referenced, not copied).
 
     Raises:
-        UserError: ``path`` has no accepted decoder layout (see ``detect_layout``), or the given
+        UserError: ``path`` has no accepted decoder layout (see ``detect_layout``), its
+            onnxruntime-genai config asks for a shared past/present buffer, or the given
             tokenizer folder has no tokenizer.json.
     """
     import onnx
@@ -223,6 +224,17 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None) -
     if not layout.vocab_size:
         raise UserError(f"'{path}': logits have a symbolic vocabulary axis; give a model with a "
                         "fixed vocabulary size")
+    genai = os.path.join(os.path.dirname(os.path.abspath(path)), "genai_config.json")
+    if os.path.isfile(genai):
+        try:
+            with open(genai, encoding="utf-8") as f:
+                search = json.load(f).get("search", {})
+        except (OSError, ValueError):
+            search = {}
+        if search.get("past_present_share_buffer"):
+            raise UserError(f"'{path}': its genai_config.json says past_present_share_buffer "
+                            "(onnxruntime-genai's CUDA layout: past of the maximum length); "
+                            "rebuild it with the model builder for cpu (-e cpu -p fp32)")
     tok_dir = tokenizer_dir or os.path.dirname(os.path.abspath(path))
     tok = os.path.join(tok_dir, "tokenizer.json")
     if tokenizer_dir and not os.path.isfile(tok):

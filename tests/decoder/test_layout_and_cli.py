@@ -160,3 +160,14 @@ def test_export_decoder_refuses_an_unsupported_architecture(tmp_path):
     rc, _, err = _cli("export-decoder", str(tmp_path / "gpt2"), "-o", str(tmp_path / "o"))
     assert rc == 2 and "model type 'gpt2' has no decoder layout" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_genai_shared_buffer_decoder_is_refused(tiny, tmp_path):
+    import json
+
+    model, _ = tiny
+    path = _user_decoder(model, tmp_path / "genai")
+    (tmp_path / "genai" / "genai_config.json").write_text(
+        json.dumps({"search": {"past_present_share_buffer": True}}))
+    rc, _, err = _cli("export-decoder", path, "-o", str(tmp_path / "o"))
+    assert rc == 2 and "past_present_share_buffer" in err and len(err.strip().splitlines()) == 1
