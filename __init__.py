@@ -7,7 +7,8 @@ The Python API mirrors the CLI (``docs/python-api.md``)::
     outputs = passctl.run(result.artifact, {"input": array})
 
 ``compile``, ``load``, ``save`` and ``run`` live in :mod:`passctl.tools.api`; the error classes in
-:mod:`passctl.support.errors`. They are imported on first use, so ``import passctl`` stays cheap
+:mod:`passctl.support.errors`; ``Generator`` (LLM generation, ``docs/generate.md``) in
+:mod:`passctl.targets.onnxruntime.generate`. They are imported on first use, so ``import passctl`` stays cheap
 (no onnx, numpy or torch import).
 """
 
@@ -18,11 +19,11 @@ _LAZY = {
     "run": "passctl.tools.api", "CompileResult": "passctl.tools.api",
     "UserError": "passctl.support.errors", "InternalError": "passctl.support.errors",
     "CheckFailed": "passctl.support.errors", "PassctlError": "passctl.support.errors",
-    "Model": "passctl.ir",
+    "Model": "passctl.ir", "Generator": "passctl.targets.onnxruntime.generate",
 }
 
-__all__ = ["CheckFailed", "CompileResult", "InternalError", "Model", "PassctlError", "UserError",
-           "compile", "load", "run", "save"]
+__all__ = ["CheckFailed", "CompileResult", "Generator", "InternalError", "Model", "PassctlError",
+           "UserError", "compile", "load", "run", "save"]
 
 
 def __getattr__(name):

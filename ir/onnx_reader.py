@@ -18,7 +18,8 @@ logger = logging.getLogger(__name__)
 _SIGNATURES = {
     b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image", b"GIF8": "a GIF image",
     b"PK\x03\x04": "a zip archive (a PyTorch .pt/.pth checkpoint?)", b"\x1f\x8b": "a gzip archive",
-    b"GGUF": "a GGUF file", b"\x80\x02": "a Python pickle", b"%PDF": "a PDF document",
+    b"GGUF": "a GGUF file (for generation, `passctl export-decoder` takes it)",
+    b"\x80\x02": "a Python pickle", b"%PDF": "a PDF document",
     b"\x7fELF": "an executable",
 }
 

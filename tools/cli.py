@@ -23,7 +23,7 @@ EXIT_CODES_HELP = ("exit status: 0 success; 2 the user's error (a bad model, opt
                    "or --check; one line and a reproducer folder); 4 the environment's fault (a "
                    "full disk or exhausted quota; one line, nothing written); 130 interrupted")
 SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-rules", "list-targets",
-               "run", "opt")
+               "run", "opt", "export-decoder", "generate")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -224,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run_artifact.add_parser(sub)
     opt.add_parser(sub)
+    from passctl.tools import export_decoder, generate
+
+    export_decoder.add_parser(sub)
+    generate.add_parser(sub)
     return parser
 
 
@@ -367,6 +371,14 @@ def _dispatch(args, argv: List[str], console) -> int:
         from passctl.tools import opt
 
         return opt.main(args)
+    elif args.command == "export-decoder":
+        from passctl.tools import export_decoder
+
+        return export_decoder.main(args, console)
+    elif args.command == "generate":
+        from passctl.tools import generate
+
+        return generate.main(args, console)
     return EXIT_OK
 
 

@@ -1,0 +1,308 @@
+"""Token generation on a decoder artifact (``passctl export-decoder``) with ONNX Runtime.
+
+An artifact folder holds ``decoder.json`` (the manifest: layout, cache length, architecture,
+tokenizer folder), the ONNX model and its weights, and ``tokenizer/`` (the model's own tokenizer
+files). Two layouts run (docs/generate.md):
+
+* ``passctl-static-kv`` (what ``export-decoder`` builds from a transformers model): one
+  preallocated cache buffer per layer, bound as both ``past_key_values.N.*`` input and
+  ``present.N.*`` output, written in place by GroupQueryAttention; a decode step has fixed shapes.
+* ``past-key-values`` (decoder ONNX as Optimum / onnxruntime-genai export it): the cache grows by
+  one position per step (``input_ids``, ``attention_mask``, optional ``position_ids``,
+  ``past_key_values.N.key/value`` [batch, kv_heads, past, head_dim] -> ``logits``,
+  ``present.N.key/value``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from passctl.ir.errors import UserError
+from passctl.passes.decoder.layout import DYNAMIC_LAYOUT, STATIC_LAYOUT
+
+MANIFEST = "decoder.json"
+
+
+def read_manifest(folder: str) -> dict:
+    """The ``decoder.json`` of artifact ``folder``.
+
+    Raises:
+        UserError: ``folder`` is missing, has no ``decoder.json`` (not a decoder artifact), or
+            the manifest is not valid JSON / names an unknown layout.
+    """
+    if os.path.isfile(folder):
+        raise UserError(f"'{folder}' is a file, not a decoder artifact; make one with "
+                        f"`passctl export-decoder {folder} -o OUT` and give OUT")
+    if not os.path.isdir(folder):
+        raise UserError(f"'{folder}' not found; give the output folder of "
+                        "`passctl export-decoder`")
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(path):
+        raise UserError(f"'{folder}' has no {MANIFEST}: not a decoder artifact (make one with "
+                        "`passctl export-decoder MODEL -o OUT`)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: unreadable manifest ({e}); export the decoder again") from None
+    if manifest.get("layout") not in (STATIC_LAYOUT, DYNAMIC_LAYOUT):
+        raise UserError(f"{path}: unknown decoder layout '{manifest.get('layout')}'; export the "
+                        "decoder again with this passctl")
+    return manifest
+
+
+def load_tokenizer(folder: str):
+    """The tokenizer in artifact ``folder``'s ``tokenizer/`` (a ``tokenizers.Tokenizer`` read from
+    ``tokenizer.json``; no transformers import).
+
+    Raises:
+        UserError: the artifact has no tokenizer (export it with one, or pass token ids).
+    """
+    manifest = read_manifest(folder)
+    sub = manifest.get("tokenizer")
+    path = os.path.join(folder, sub, "tokenizer.json") if sub else None
+    if not path or not os.path.isfile(path):
+        raise UserError(f"'{folder}' has no tokenizer (tokenizer/tokenizer.json); export with a "
+                        "model that ships one, or pass token ids")
+    import tokenizers
+
+    return tokenizers.Tokenizer.from_file(path)
+
+
+@dataclass
+class GenerationResult:
+    """What :meth:`Generator.generate` returns.
+
+    Attributes:
+        tokens: int64 ``[batch, new]``, the generated ids (not the prompt); rows stop at an end
+            token only when every row has ended (batch 1: right after its end token).
+        logits: float32 ``[batch, new, vocab]``, the logits each token was chosen from (only
+            with ``return_logits=True``; else None).
+        prompt_tokens: prompt length.
+        time_to_first_token_s: seconds from the call to the first token (prefill + choice).
+        decode_s: seconds of the decode steps after the first token.
+    """
+
+    tokens: np.ndarray
+    prompt_tokens: int
+    time_to_first_token_s: float
+    decode_s: float
+    logits: Optional[np.ndarray] = None
+    step_s: List[float] = field(default_factory=list)
+
+    @property
+    def ms_per_token(self) -> float:
+        """Mean milliseconds per decode step after the first token (nan with one token)."""
+        n = self.tokens.shape[1] - 1
+        return 1000.0 * self.decode_s / n if n > 0 else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode tokens per second after the first token (nan with one token)."""
+        n = self.tokens.shape[1] - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else float("nan")
+
+
+def _choose(logits: np.ndarray, temperature: float, top_p: float,
+            rng: Optional[np.random.Generator]) -> np.ndarray:
+    """Next ids ``[batch]`` from float logits ``[batch, vocab]``: argmax when ``temperature`` is 0,
+    else a draw from softmax(logits / temperature) restricted to the smallest set of top tokens
+    whose probability reaches ``top_p`` (nucleus sampling, Holtzman et al. 2020)."""
+    if temperature == 0:
+        return np.argmax(logits, axis=-1).astype(np.int64)
+    out = np.empty(logits.shape[0], np.int64)
+    for row in range(logits.shape[0]):
+        z = logits[row].astype(np.float64) / temperature
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        order = np.argsort(-p, kind="stable")
+        if top_p < 1.0:
+            cum = np.cumsum(p[order])
+            keep = order[: int(np.searchsorted(cum, top_p) + 1)]
+        else:
+            keep = order
+        q = p[keep] / p[keep].sum()
+        out[row] = keep[rng.choice(len(keep), p=q)]
+    return out
+
+
+class Generator:
+    """Generates tokens with a decoder artifact in ONNX Runtime (cpu).
+
+    ``Generator(OUT).generate(ids, max_new_tokens=64)``: greedy by default.
+
+    Args:
+        folder: the output folder of ``passctl export-decoder``.
+        threads: ONNX Runtime intra-op threads (None: ONNX Runtime's default, one per core).
+
+    Raises:
+        UserError: ``folder`` is no decoder artifact (see :func:`read_manifest`), or its model
+            file is missing.
+    """
+
+    def __init__(self, folder: str, threads: Optional[int] = None):
+        import onnxruntime as ort
+
+        self.folder = folder
+        self.manifest = read_manifest(folder)
+        self.layout = self.manifest["layout"]
+        path = self.manifest["model"]
+        path = path if os.path.isabs(path) else os.path.join(folder, path)
+        if not os.path.isfile(path):
+            raise UserError(f"{os.path.join(folder, MANIFEST)}: model '{path}' is missing; export "
+                            "the decoder again")
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = int(threads)
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self._ort = ort
+        self.num_layers = int(self.manifest["num_layers"])
+        self.max_length = self.manifest.get("max_length")  # None: the dynamic layout
+        self.eos_token_ids = tuple(self.manifest.get("eos_token_ids", ()))
+        self._input_names = {i.name for i in self.session.get_inputs()}
+        self._length = 0
+        self._batch = None
+
+    # -- the cache -------------------------------------------------------------------------
+    def reset(self, batch: int = 1) -> None:
+        """Empty the cache (for a new prompt of ``batch`` rows)."""
+        kv, hd = int(self.manifest["num_kv_heads"]), int(self.manifest["head_dim"])
+        self._length, self._batch = 0, batch
+        if self.layout == STATIC_LAYOUT:
+            shape = (batch, kv, int(self.max_length), hd)
+            self._cache = [self._ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32))
+                           for _ in range(2 * self.num_layers)]
+            self._logits = self._ort.OrtValue.ortvalue_from_numpy(
+                np.zeros((batch, 1, int(self.manifest["vocab_size"])), np.float32))
+            binding = self.session.io_binding()
+            for i in range(self.num_layers):
+                for j, kind in enumerate(("key", "value")):
+                    value = self._cache[2 * i + j]
+                    binding.bind_ortvalue_input(f"past_key_values.{i}.{kind}", value)
+                    # the same buffer: GroupQueryAttention writes the new rows in place
+                    binding.bind_ortvalue_output(f"present.{i}.{kind}", value)
+            binding.bind_ortvalue_output("logits", self._logits)
+            self._binding = binding
+        else:
+            self._past = {f"past_key_values.{i}.{kind}": np.zeros((batch, kv, 0, hd), np.float32)
+                          for i in range(self.num_layers) for kind in ("key", "value")}
+
+    def step(self, ids: np.ndarray) -> np.ndarray:
+        """Run ``ids`` (int64 ``[batch, n]``: the prompt, or the last chosen token) through the
+        model, appending them to the cache; returns the last position's logits float32
+        ``[batch, vocab]``.
+
+        Raises:
+            UserError: the cache has no room for ``n`` more tokens.
+        """
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if ids.ndim != 2 or (self._batch is not None and ids.shape[0] != self._batch):
+            raise UserError(f"token ids of shape {ids.shape}: give int64 [batch, tokens] with the "
+                            "batch of reset()")
+        n, total = ids.shape[1], self._length + ids.shape[1]
+        if self.max_length is not None and total > int(self.max_length):
+            raise UserError(f"{total} tokens do not fit the cache of {self.max_length}; export "
+                            f"with a larger --max-length or ask for fewer tokens")
+        if self.layout == STATIC_LAYOUT:
+            b = self._binding
+            b.bind_cpu_input("input_ids", ids)
+            b.bind_cpu_input("seqlens_k", np.full((ids.shape[0],), total - 1, np.int32))
+            b.bind_cpu_input("total_sequence_length", np.array(total, np.int32))
+            self.session.run_with_iobinding(b)
+            logits = self._logits.numpy()[:, -1, :].copy()  # the buffer is reused next step
+        else:
+            feeds: Dict[str, np.ndarray] = {"input_ids": ids, **self._past}
+            if "attention_mask" in self._input_names:
+                feeds["attention_mask"] = np.ones((ids.shape[0], total), np.int64)
+            if "position_ids" in self._input_names:
+                feeds["position_ids"] = np.broadcast_to(
+                    np.arange(self._length, total, dtype=np.int64), ids.shape).copy()
+            names = [o.name for o in self.session.get_outputs()]
+            values = dict(zip(names, self.session.run(names, feeds)))
+            self._past = {k: values[k.replace("past_key_values.", "present.")] for k in self._past}
+            logits = values["logits"][:, -1, :]
+        self._length = total
+        return logits
+
+    # -- generation ------------------------------------------------------------------------
+    def generate(self, ids, max_new_tokens: int = 32, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: Optional[int] = None, stop_at_eos: bool = True,
+                 return_logits: bool = False,
+                 on_token: Optional[Callable[[int], None]] = None) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after prompt ``ids``.
+
+        Args:
+            ids: int prompt ids, ``[tokens]`` or ``[batch, tokens]`` (rows of equal length).
+            max_new_tokens: how many tokens to generate (>= 1).
+            temperature: 0 is greedy (argmax); > 0 samples from softmax(logits / temperature).
+            top_p: nucleus sampling mass in (0, 1] (used when temperature > 0).
+            seed: seed of the sampler (numpy ``default_rng``).
+            stop_at_eos: stop once every row produced one of the model's end tokens.
+            return_logits: keep each step's logits in the result.
+            on_token: called with each new id of row 0 as soon as it is chosen (streaming).
+
+        Returns:
+            :class:`GenerationResult` (tokens, timings: time to first token, ms/token, tokens/s).
+
+        Raises:
+            UserError: empty prompt, bad arguments, or prompt plus ``max_new_tokens`` longer
+                than the cache (one line: the lengths and what to change).
+        """
+        prompt = np.asarray(ids)
+        if prompt.ndim == 1:
+            prompt = prompt[None, :]
+        if prompt.ndim != 2 or prompt.shape[1] == 0 or not np.issubdtype(prompt.dtype, np.integer):
+            raise UserError(f"prompt ids of shape {prompt.shape} and dtype {prompt.dtype}: give a "
+                            "non-empty list of token ids ([tokens] or [batch, tokens])")
+        if int(max_new_tokens) < 1:
+            raise UserError(f"max_new_tokens {max_new_tokens}: give at least 1")
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise UserError(f"temperature {temperature} / top_p {top_p}: give temperature >= 0 "
+                            "and 0 < top_p <= 1")
+        vocab = int(self.manifest["vocab_size"])
+        if prompt.min() < 0 or prompt.max() >= vocab:
+            raise UserError(f"prompt ids must lie in [0, {vocab}); got {prompt.min()} .. "
+                            f"{prompt.max()}")
+        need = prompt.shape[1] + int(max_new_tokens) - 1
+        if self.max_length is not None and need > int(self.max_length):
+            raise UserError(f"prompt of {prompt.shape[1]} tokens plus {max_new_tokens} new tokens "
+                            f"needs a cache of {need}, the artifact's holds {self.max_length}; "
+                            "shorten the prompt, ask for fewer tokens or export with a larger "
+                            "--max-length")
+        rng = np.random.default_rng(seed) if temperature > 0 else None
+        start = time.perf_counter()
+        self.reset(prompt.shape[0])
+        logits = self.step(prompt.astype(np.int64))
+        chosen, kept, steps = [], [], []
+        done = np.zeros(prompt.shape[0], bool)
+        ttft = 0.0
+        for k in range(int(max_new_tokens)):
+            if k:
+                t0 = time.perf_counter()
+                logits = self.step(chosen[-1][:, None])
+            token = _choose(logits, temperature, top_p, rng)
+            if return_logits:
+                kept.append(logits.copy())
+            chosen.append(token)
+            now = time.perf_counter()
+            if k == 0:
+                ttft = now - start
+            else:
+                steps.append(now - t0)
+            if on_token is not None:
+                on_token(int(token[0]))
+            if stop_at_eos and self.eos_token_ids:
+                done |= np.isin(token, self.eos_token_ids)
+                if done.all():
+                    break
+        return GenerationResult(
+            tokens=np.stack(chosen, axis=1), prompt_tokens=int(prompt.shape[1]),
+            time_to_first_token_s=ttft, decode_s=float(sum(steps)),
+            logits=np.stack(kept, axis=1) if return_logits else None, step_s=steps)

