@@ -6,12 +6,13 @@ import logging
 from collections import deque
 from typing import Dict, List, Tuple
 
-from passctl.ir import Builder, Graph, Model, Node
+from passctl.ir import Builder, Graph, Model, Node, Tensor, Value
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.common.constants import constant_array
 from passctl.passes.reparam.branches import Form, Recognizer, is_candidate
 from passctl.passes.reparam.merge import kernel_attributes
 from passctl.passes.registry import register_pass
+from passctl.passes.rewrite.types import ReplacementError, discard_nodes, replacement_conflict
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class ReparamBranches(Pass):
         stats: Dict[str, int] = {"merged": 0, "branches": 0, "folded": 0}
         self.unmerged: Dict[str, str] = {}
         self.merged: List[Tuple[str, int, str]] = []
+        self._opset = model.opset or 21
         for graph in model.graphs():
             self._run_graph(graph, stats, self.unmerged)
         if self.unmerged:
@@ -98,8 +100,13 @@ class ReparamBranches(Pass):
             kernel = form.terms[0].kernel
             if kernel is None or kernel.convs == 0 or len(form.nodes) < 2:
                 continue
+            try:
+                self._rewrite(graph, root, form)
+            except ReplacementError as e:
+                unmerged[root.name or root.outputs[0].name] = str(e)
+                logger.info("reparam: %s '%s' not merged: %s", root.op_type, root.name, e)
+                continue
             self.merged.append((root.name or root.outputs[0].name, form.adds + 1, kernel.describe()))
-            self._rewrite(graph, root, form)
             if form.adds:
                 stats["merged"] += 1
                 stats["branches"] += form.adds + 1
@@ -111,14 +118,20 @@ class ReparamBranches(Pass):
         kernel = term.kernel
         np_dtype = next(constant_array(n.inputs[1]).dtype for n in form.nodes if n.op_type == "Conv")
         base = root.name.strip("/").replace("/", "_") or "reparam"
-        w = graph.add_constant(kernel.weight.astype(np_dtype), f"{base}_reparam_weight")
-        b = graph.add_constant(kernel.bias.astype(np_dtype), f"{base}_reparam_bias")
+        w = Value(graph.fresh_name(f"{base}_reparam_weight"), const=Tensor(kernel.weight.astype(np_dtype)))
+        b = Value(graph.fresh_name(f"{base}_reparam_bias"), const=Tensor(kernel.bias.astype(np_dtype)))
         builder = Builder(graph, insert=False)
         out = builder.op("Conv", term.source, w, b, name=f"{base}_reparam", **kernel_attributes(kernel))
         old = root.outputs[0]
-        out.type = old.type
         nodes = [n for n in graph if n in form.nodes]
         keep_name = not old.is_graph_output()
+        why = replacement_conflict(nodes, builder.nodes, [old], [out], self._opset)
+        if why is not None:  # the merged Conv would not compute the block's shape: keep the block
+            discard_nodes(builder.nodes)
+            raise ReplacementError(why)
+        for v in (w, b):
+            v.const.name = v.name
+            graph.add_initializer(v)
         graph.replace_nodes(nodes, builder.nodes, [old], [out])
         if keep_name:  # the merged value keeps the block output's name (graph outputs already do)
             name = old.name
