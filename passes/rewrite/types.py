@@ -36,6 +36,8 @@ TypeEnv = Dict[int, Optional[Type]]
 # X + Skip with Skip of X's shape).
 _SAME_AS_FIRST = frozenset({"LayerNorm", "SkipLayerNorm", "RMSNorm", "SkipRMSNorm", "Gelu", "SiLU",
                             "HardSwish"})
+_UPSTREAM_NODES = 32
+"""Most producers :func:`infer_upstream` infers for the untyped inputs of one replacement."""
 _MAX_DATA = 4096
 """Constant inputs up to this many elements reach onnx's inference as data (shape tensors)."""
 
@@ -118,6 +120,25 @@ def infer_node(node: Node, opset: int, env: Optional[TypeEnv] = None) -> List[Op
             for i in range(len(node.outputs))]
 
 
+def infer_upstream(values: Iterable[Optional[Value]], opset: int, env: TypeEnv,
+                   budget: int = _UPSTREAM_NODES) -> TypeEnv:
+    """Give each of ``values`` that carries no type an inferred one in ``env``, inferring its
+    producers (and theirs, up to ``budget`` nodes in all) from what flows into them; so a guard
+    that runs before ``infer-shapes`` (or after a pass that left values untyped) still proves."""
+    todo: List[Node] = []
+    seen: set = set()
+    stack = [v for v in values if v is not None]
+    while stack and len(todo) < budget:
+        v = stack.pop()
+        p = v.producer
+        if id(v) in env or declared_type(v) is not None or p is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        todo.append(p)
+        stack.extend(i for i in p.inputs if i is not None)
+    return infer_nodes(_in_order(todo), opset, env)
+
+
 def infer_nodes(nodes: Iterable[Node], opset: int, env: Optional[TypeEnv] = None) -> TypeEnv:
     """Infer ``nodes`` in the order given (producers first), each from its inputs' inferred or
     carried types; returns ``env`` with every output's entry."""
@@ -184,8 +205,15 @@ def replacement_conflict(old_nodes: Sequence[Node], new_nodes: Sequence[Node],
     one: the replaced value's (inferred, else declared) type where it is known, else its own
     inferred type.
     """
-    old_env = infer_nodes(_in_order(old_nodes), opset)
-    new_env = infer_nodes(_in_order(new_nodes), opset)
+    inside = {id(n) for n in old_nodes}
+    outer = [v for n in old_nodes for v in n.inputs
+             if v is not None and (v.producer is None or id(v.producer) not in inside)]
+    made = {id(n) for n in new_nodes}
+    outer += [v for n in new_nodes for v in n.inputs
+              if v is not None and (v.producer is None or id(v.producer) not in made)]
+    base = infer_upstream(outer, opset, {})
+    old_env = infer_nodes(_in_order(old_nodes), opset, dict(base))
+    new_env = infer_nodes(_in_order(new_nodes), opset, dict(base))
     for old, new in zip(old_values, new_values):
         old_t = old_env.get(id(old)) or old.type
         new_t = new_env.get(id(new)) if id(new) in new_env else declared_type(new)
