@@ -25,7 +25,10 @@ def _square(op, v):
 
 
 def _normalize(op, v, std):
-    return Or(op.Div(v, std), op.Mul(v, op.Reciprocal(std)), name="normalize", labels=("div", "reciprocal"))
+    """``v / std`` as exporters write it: ``Div(v, std)``; ``Mul(v, Reciprocal(std))`` (the dynamo
+    exporter's ``rsqrt``); ``Mul(v, Div(1, std))`` (the legacy TorchScript exporter's ``rsqrt``)."""
+    return Or(op.Div(v, std), op.Mul(v, op.Reciprocal(std)), op.Mul(v, op.Div(1.0, std)),
+              name="normalize", labels=("div", "reciprocal", "div-one"))
 
 
 def _float_eps(context: RuleContext, eps: Value, what: str):
@@ -42,7 +45,8 @@ class LayerNormDecomposed(RewriteRule):
 
     Alternatives (the exporters' ways; a fusion counts as ``layernorm-<square>-<normalize>-<axes>``,
     the names of the former one-rule-per-variant classes): the square as ``Pow(d, 2)`` or
-    ``Mul(d, d)``; the division as ``Div(d, std)`` or ``Mul(d, Reciprocal(std))``; ReduceMean's axes
+    ``Mul(d, d)``; the division as ``Div(d, std)``, ``Mul(d, Reciprocal(std))`` or
+    ``Mul(d, Div(1, std))`` (``div-one``, the legacy exporter's rsqrt); ReduceMean's axes
     as attribute (opset < 18) or input (>= 18).
     Check: both ReduceMeans keep dims and reduce the last axis only; eps is a scalar float constant.
     Math: Ba et al. 2016 (Layer Normalization), biased variance as in ONNX LayerNormalization-17.
@@ -73,8 +77,9 @@ class LayerNormDecomposed(RewriteRule):
 class RMSNormDecomposed(RewriteRule):
     """Rule 2: ``x / sqrt(mean(x^2) + eps)`` -> ``passctl::RMSNorm(x)``.
 
-    LLaMA's ``x * rsqrt(mean(x^2) + eps)`` exports as ``Mul(x, Reciprocal(Sqrt(...)))``. Alternatives
-    (counted as ``rmsnorm-<square>-<normalize>-<axes>``) and check as rule 1. Math: Zhang & Sennrich
+    LLaMA's ``x * rsqrt(mean(x^2) + eps)`` exports as ``Mul(x, Reciprocal(Sqrt(...)))`` (dynamo) or
+    ``Mul(x, Div(1, Sqrt(...)))`` (the legacy TorchScript exporter). Alternatives (counted as
+    ``rmsnorm-<square>-<normalize>-<axes>``) and check as rule 1. Math: Zhang & Sennrich
     2019 (Root Mean Square Layer Normalization).
     """
 
@@ -260,8 +265,8 @@ _FAMILIES = {**{n: "layernorm" for n in LayerNormDecomposed().variant_names()},
 class FuseLayerNorm(FusionRuleSet):
     """LayerNorm, SkipLayerNorm and RMSNorm from their decomposed forms, as canonical passctl ops.
 
-    Rules (see each class): 1 ``layernorm-decomposed`` (8 variants as alternatives), 2
-    ``rmsnorm-decomposed`` (8), 3 and 4 ``norm-scale``, 5 ``layernorm-bias``, 6
+    Rules (see each class): 1 ``layernorm-decomposed`` (12 variants as alternatives), 2
+    ``rmsnorm-decomposed`` (12), 3 and 4 ``norm-scale``, 5 ``layernorm-bias``, 6
     ``layernorm-from-onnx``, 7 ``skip-layernorm`` (6), 8 ``rmsnorm-cast-noop``. The rules build up the
     fused op step by step (core, then scale, then bias, then residual), so a model's scale or bias
     that does not broadcast to ``[D]`` leaves a correct LayerNorm without it, and ``passctl explain
