@@ -97,11 +97,18 @@ def _noop_kind(node: Node, opset: int = 21) -> Optional[str]:
     x = node.inputs[0]
     op = node.op_type
     if op in ("Cast", "Reshape"):
-        xt = _input_type(x, opset)
-        if op == "Cast":
-            to = node.attr("to")
-            return "cast" if xt is not None and to is not None and int(xt.dtype) == int(to) else None
-        return "reshape" if _reshape_is_noop(node, xt) else None
+        # A no-op on the declared type is confirmed on the computed one (inference only then).
+        declared = x.type if isinstance(x.type, TensorType) else None
+        for xt in (declared, "proven"):
+            if xt == "proven":
+                xt = _input_type(x, opset)
+            if op == "Cast":
+                to = node.attr("to")
+                if xt is None or to is None or int(xt.dtype) != int(to):
+                    return None
+            elif not _reshape_is_noop(node, xt):
+                return None
+        return op.lower()
     if op == "Identity":
         return "identity"
     if op == "Dropout":

@@ -71,6 +71,47 @@ def _const_proto(v: Value) -> Optional[onnx.TensorProto]:
         return None
 
 
+# Standard ops inferred here without onnx (the common steps of the fused patterns; the same result
+# as their schemas' inference): one-input elementwise ops return their input's type; the
+# multidirectional-broadcasting binary ops (ONNX Broadcasting.md) input 0's element type and the
+# broadcast shape.
+_UNARY = frozenset({"Abs", "Ceil", "Cos", "Elu", "Erf", "Exp", "Floor", "HardSigmoid", "HardSwish",
+                    "Identity", "LeakyRelu", "Log", "Neg", "Reciprocal", "Relu", "Round", "Selu",
+                    "Sigmoid", "Sign", "Sin", "Softplus", "Softsign", "Sqrt", "Tanh"})
+_BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow"})
+
+
+def _broadcast_dim(a, b):
+    if a == b:
+        return a
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    if isinstance(a, int) and isinstance(b, int):
+        raise ValueError(f"dims {a} and {b} do not broadcast")
+    if isinstance(a, int):  # b unknown or symbolic: it is 1 or a
+        return a
+    if isinstance(b, int):
+        return b
+    return None
+
+
+def _broadcast(types: List[Optional[Type]]) -> Optional[Type]:
+    """The result type of a broadcasting op over inputs of ``types`` (None when one is unknown)."""
+    if not all(isinstance(t, TensorType) for t in types):
+        return None
+    first = types[0]
+    if any(t.shape is None for t in types):
+        return TensorType(first.dtype, None)
+    rank = max(t.shape.rank for t in types)
+    dims: List = [1] * rank
+    for t in types:
+        padded = (1,) * (rank - t.shape.rank) + tuple(t.shape.dims)
+        dims = [_broadcast_dim(a, b) for a, b in zip(dims, padded)]
+    return TensorType(first.dtype, Shape(tuple(dims)))
+
+
 def infer_node(node: Node, opset: int, env: Optional[TypeEnv] = None) -> List[Optional[Type]]:
     """The types of ``node``'s outputs computed from the types of its inputs (``env`` first, then
     what the input values carry); None per output where they cannot be inferred. Never raises for
@@ -84,6 +125,14 @@ def infer_node(node: Node, opset: int, env: Optional[TypeEnv] = None) -> List[Op
         return unknown
     if node.domain not in ("", "ai.onnx") or node.subgraphs():
         return unknown
+    if node.op_type in _UNARY and len(node.inputs) == 1 and len(node.outputs) == 1:
+        t = _known(node.inputs[0], env)
+        return [t if isinstance(t, TensorType) else None]
+    if node.op_type in _BROADCAST and len(node.inputs) == 2 and None not in node.inputs:
+        try:
+            return [_broadcast([_known(v, env) for v in node.inputs])]
+        except ValueError:  # shapes that do not broadcast: a model onnx would refuse
+            return unknown
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, "")
     except onnx.defs.SchemaError:
