@@ -180,6 +180,7 @@ class RewriteRule:
         caller goes on instead (``explain``), it is dropped and the model stays as it was."""
         size = self.matcher.size
         found = False
+        self.matcher.opset = model.opset if model is not None and model.opset else _DEFAULT_OPSET
         for m in self.matcher.iter_matches(node):
             found = True
             matched = list(m.nodes.values())

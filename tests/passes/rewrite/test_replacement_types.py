@@ -20,7 +20,7 @@ from helpers import assert_same_outputs
 from passctl.ir import DataType, Node, Shape, TensorType, Value, from_onnx, to_onnx
 from passctl.passes.manager import PassManager
 from passctl.passes.pipeline_text import build_pipeline
-from passctl.passes.rewrite import explain
+from passctl.passes.rewrite import RewriteRule, explain
 from passctl.passes.rewrite.types import (ReplacementError, checked_replace, infer_nodes,
                                           replacement_conflict, type_conflict)
 from passctl.support.check import run_onnxruntime
@@ -64,7 +64,8 @@ def test_case_11_broadcast_rank_is_kept(name):
     assert stats.get(family, 0) == 0
     _same_run(proto, artifact)
     text = explain(rule, from_onnx(proto))
-    assert "replacement refused" in text and "[1, 2, 8] (rank 3) becomes [2, 8] (rank 2)" in text, text
+    # The matcher refuses a "scalar" constant that broadcasts its operand up a rank.
+    assert "it broadcasts" in text and "(rank 2) up to rank 3" in text, text
 
 
 def _build(name: str, const_shape):
@@ -116,6 +117,40 @@ def test_rank_unknown_until_inferred(name):
     _, stats, artifact = _compile(proto, pass_name)
     assert stats.get(_CASES[name][0], 0) == 0
     _same_run(proto, artifact)
+
+
+class _DropBias(RewriteRule):
+    """A wrong rule for the test: Add(x, b) -> Identity(x), whatever b's shape."""
+
+    name = "test-drop-bias"
+
+    def pattern(self, op, x, b):
+        return op.Add(x, b)
+
+    def rewrite(self, op, x, b):
+        return op.Identity(x)
+
+
+def test_guard_refuses_what_a_rule_gets_wrong_and_explain_says_why():
+    """Any rule, not only the built-in ones: a replacement that changes the replaced value's
+    inferred shape is refused at apply time, and explain gives the reason."""
+    proto = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n'
+                                    "g (float[2,8] x, float[3,1,8] b) => (float[3,2,8] y) {\n"
+                                    " y = Add(x, b)\n}")
+    model = from_onnx(proto)
+    rule = _DropBias()
+    assert rule.apply(next(iter(model.graph)), model) is None
+    assert [n.op_type for n in model.graph] == ["Add"]
+    text = explain(rule, model)
+    assert "full pattern matched, replacement refused: the replacement of 'y' would change its " \
+           "type: shape [3, 2, 8] (rank 3) becomes [2, 8] (rank 2)" in text, text
+    # The same rule where b does not broadcast x: it fires.
+    proto2 = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n'
+                                     "g (float[2,8] x, float[8] b) => (float[2,8] y) {\n"
+                                     " y = Add(x, b)\n}")
+    model2 = from_onnx(proto2)
+    assert rule.apply(next(iter(model2.graph)), model2) is not None
+    assert [n.op_type for n in model2.graph] == ["Identity"]
 
 
 def test_explain_does_not_change_the_model():
