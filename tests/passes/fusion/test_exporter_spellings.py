@@ -238,3 +238,22 @@ def test_skip_rmsnorm_fallback_at_opset_23_is_standard():
     assert ops(out) == ["Add", "RMSNormalization"]
     onnx.checker.check_model(out, full_check=True)
     assert_same_outputs(proto, out, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_pow_minus_half_normalize_fuses(norm):
+    """``x * torch.pow(mean(x^2) + eps, -0.5)``, as hand-written RMSNorms (and the exporters of
+    it) write the inverse square root."""
+    import torch
+
+    class Norm(torch.nn.Module):
+        def forward(self, x):
+            d = x - x.mean(-1, keepdim=True) if norm == "layernorm" else x
+            return d * torch.pow(d.pow(2).mean(-1, keepdim=True) + 1e-5, -0.5)
+
+    proto = _export(Norm(), (2, 3, 16), 17)
+    assert "Sqrt" not in ops(proto)
+    _, stats, out = run(proto, "cleanup,fuse")
+    assert stats["fuse-layernorm"][norm] == 1, stats["fuse-layernorm"]
+    assert ops(out) == ["LayerNormalization" if norm == "layernorm" else "SimplifiedLayerNormalization"]
+    assert_same_outputs(proto, out, rtol=1e-5)
