@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from passctl.dialect.canonical import MS_DOMAIN, ensure_opset, optional_input
@@ -67,9 +68,19 @@ RMS_NORMALIZATION_OPSET = 23
 
 
 def _simplified_layernorm(ctx: LowerContext, x: Value, scale: Optional[Value], eps: float) -> Value:
-    scale = scale if scale is not None else ctx.ones_scale(x)
     if ctx.opset >= RMS_NORMALIZATION_OPSET:
+        scale = scale if scale is not None else ctx.ones_scale(x)
         return ctx.b.op("RMSNormalization", x, scale, axis=-1, epsilon=eps, stash_type=1)
+    if getattr(ctx.options, "portable", False):
+        # The spelling ONNX Runtime's SimplifiedLayerNormFusion (ORT_ENABLE_EXTENDED and above)
+        # turns back into SimplifiedLayerNormalization when the session loads: Pow(x, 2),
+        # ReduceMean, Add eps, Sqrt, Div, Mul scale (the fusion needs the Mul: ones without one).
+        ctx.form = ctx.form.replace("SimplifiedLayerNormalization", "decomposed")
+        b = ctx.b
+        ms = ctx.reduce_mean_last(b.op("Pow", x, ctx.scalar(2.0, x, "two")))
+        y = b.op("Div", x, b.op("Sqrt", b.op("Add", ms, ctx.scalar(eps, x, "epsilon"))))
+        return b.op("Mul", y, scale if scale is not None else ctx.ones_scale(x))
+    scale = scale if scale is not None else ctx.ones_scale(x)
     return ctx.b.op("SimplifiedLayerNormalization", x, scale, axis=-1, epsilon=eps, stash_type=1)
 
 
@@ -154,7 +165,8 @@ class LowerOnnxRuntime(Lowering):
     to the opset imports when used. ``onnx.checker`` accepts the ``com.microsoft`` ops (a domain it
     has no schemas for) but refuses SimplifiedLayerNormalization (and LayerNormalization below opset
     17), ONNX Runtime's registrations in the default domain: :func:`runtime_only_ops` lists what
-    only ONNX Runtime runs, and statistic ``runtime_only_ops`` counts those nodes.
+    only ONNX Runtime runs, and statistic ``runtime_only_ops`` counts those nodes. Option
+    ``portable`` writes RMSNorm below opset 23 as the decomposition ONNX Runtime fuses back.
 
     Statistics: see :class:`passctl.passes.lowering.table.Lowering`.
     """
@@ -162,6 +174,20 @@ class LowerOnnxRuntime(Lowering):
     name = "lower-onnxruntime"
     summary = "Lower canonical passctl ops to ONNX Runtime contrib ops (com.microsoft) and ONNX ops"
     TARGET = TARGET
+
+    @dataclass
+    class Options:
+        """Options of lower-onnxruntime.
+
+        Attributes:
+            portable: below opset 23, write RMSNorm as its decomposition (Pow, ReduceMean, Add,
+                Sqrt, Div, Mul) instead of SimplifiedLayerNormalization, so that ``onnx.checker``
+                accepts the artifact; ONNX Runtime fuses that spelling back into
+                SimplifiedLayerNormalization when the session loads at ORT_ENABLE_EXTENDED or
+                above (the shipped level is ORT_ENABLE_ALL), so the kernel is the same there.
+        """
+
+        portable: bool = False
 
     def run(self, model: Model) -> PassResult:
         result = super().run(model)

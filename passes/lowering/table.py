@@ -49,11 +49,13 @@ class LowerContext:
     """What a lowering function gets: the model (opset), a builder collecting the new nodes, and the
     name of the rule (form) it chose, for statistics."""
 
-    def __init__(self, model: Model, graph: Graph, node: Node):
+    def __init__(self, model: Model, graph: Graph, node: Node, options=None):
         self.model = model
         self.graph = graph
         self.b = Builder(graph, provenance=node.provenance, insert=False)
         self.form = ""
+        self.options = options
+        """The lowering pass's options (None for a pass without any)."""
 
     @property
     def opset(self) -> int:
@@ -110,7 +112,7 @@ class Lowering(Pass):
                 out = None
                 ctx = None
                 for fn in table.get(node.op_type, ()):
-                    ctx = LowerContext(model, graph, node)
+                    ctx = LowerContext(model, graph, node, self.options)
                     out = fn(ctx, node)
                     if out is not None:
                         break

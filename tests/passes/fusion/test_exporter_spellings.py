@@ -257,3 +257,25 @@ def test_pow_minus_half_normalize_fuses(norm):
     assert stats["fuse-layernorm"][norm] == 1, stats["fuse-layernorm"]
     assert ops(out) == ["LayerNormalization" if norm == "layernorm" else "SimplifiedLayerNormalization"]
     assert_same_outputs(proto, out, rtol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_portable_rmsnorm_below_opset_23_passes_the_checker_and_ort_fuses_it_back(tmp_path, opset):
+    """lower-onnxruntime{portable=true}: case 04 (opset 17) as Pow / ReduceMean / Add / Sqrt /
+    Div / Mul, which onnx.checker accepts and which ONNX Runtime's own SimplifiedLayerNormFusion
+    turns back into SimplifiedLayerNormalization at ORT_ENABLE_EXTENDED (the shipped level is
+    ORT_ENABLE_ALL), so the artifact keeps the fused kernel."""
+    import onnxruntime as ort
+
+    proto = _rms_model(opset)
+    _, stats, out = run(proto, "cleanup,fuse-layernorm,lower-onnxruntime{portable=true}")
+    assert stats["lower-onnxruntime"]["RMSNorm->decomposed"] == 1
+    assert runtime_only_ops(from_onnx(out)) == {}
+    onnx.checker.check_model(out, full_check=True)
+    assert_same_outputs(proto, out, rtol=1e-5)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(out.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    assert [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node] == [
+        "SimplifiedLayerNormalization"]
