@@ -108,13 +108,13 @@ def skip_rmsnorm(ctx: LowerContext, node: Node) -> Optional[Tuple[Value, ...]]:
 
 
 def skip_rmsnorm_add(ctx: LowerContext, node: Node) -> Tuple[Value, ...]:
-    """``S = Add(input, skip)`` then ``SimplifiedLayerNormalization(S)``; returns ``(Y, S)`` (or
+    """``S = Add(input, skip)`` then RMSNorm's form (:func:`rmsnorm`) of S; returns ``(Y, S)`` (or
     ``(Y,)``): the unfused form, for ranks the contrib op does not take."""
     x, skip, scale = node.inputs[0], node.inputs[1], optional_input(node, 2)
     s = typed_like(ctx.b.op("Add", x, skip), x)
-    y = _simplified_layernorm(ctx, s, scale, float(node.attr("epsilon")))
     ctx.form = "SkipRMSNorm->Add+" + ("RMSNormalization" if ctx.opset >= RMS_NORMALIZATION_OPSET
                                       else "SimplifiedLayerNormalization")
+    y = _simplified_layernorm(ctx, s, scale, float(node.attr("epsilon")))
     return (y, s) if len(node.outputs) > 1 else (y,)
 
 
