@@ -10,6 +10,7 @@ import numpy as np
 from passctl.dialect.canonical import DOMAIN, drop_unused_opset, last_dim
 from passctl.ir import Builder, Graph, Model, Node, Value
 from passctl.passes.base import Pass, PassResult
+from passctl.passes.rewrite.types import discard_nodes, replacement_conflict
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +96,15 @@ class LowerContext:
 class Lowering(Pass):
     """Replaces every ``passctl::`` node by the first form of ``TARGET``'s table that applies.
 
+    A form whose outputs would differ in element type or static shape from the canonical node's
+    (inferred from the inputs, :func:`passctl.passes.rewrite.types.replacement_conflict`; forms of
+    ops onnx has no schema for are not inferred) is refused with a warning, and the next form is
+    tried.
+
     Statistics: ``lowered`` (nodes replaced), the count per form (``"LayerNorm->com.microsoft::..."``
-    style names given by the lowering functions), and ``unlowered`` (canonical nodes no form took,
-    logged as warnings: the emitted model cannot run them).
+    style names given by the lowering functions), ``unlowered`` (canonical nodes no form took,
+    logged as warnings: the emitted model cannot run them), and ``refused`` (forms refused for a
+    type change, when any).
     """
 
     TARGET = ""
@@ -105,6 +112,7 @@ class Lowering(Pass):
     def run(self, model: Model) -> PassResult:
         stats: Dict[str, int] = {"lowered": 0, "unlowered": 0}
         table = _TABLES.get(self.TARGET, {})
+        opset = model.opset or 21
         for graph in model.graphs():
             for node in list(graph):
                 if node.domain != DOMAIN:
@@ -114,8 +122,19 @@ class Lowering(Pass):
                 for fn in table.get(node.op_type, ()):
                     ctx = LowerContext(model, graph, node, self.options)
                     out = fn(ctx, node)
-                    if out is not None:
+                    if out is None:
+                        continue
+                    outs = list(out) if isinstance(out, tuple) else [out]
+                    why = replacement_conflict([node], ctx.b.nodes, list(node.outputs[:len(outs)]),
+                                               outs, opset, assign_types=False)
+                    if why is None:
                         break
+                    # A form that would not compute the canonical op's type: the next form.
+                    discard_nodes(ctx.b.nodes)
+                    stats["refused"] = stats.get("refused", 0) + 1
+                    logger.warning("%s: form %s of passctl::%s (node '%s') refused: %s", self.name,
+                                   ctx.form or getattr(fn, "__name__", "?"), node.op_type, node.name, why)
+                    out = None
                 if out is None:
                     stats["unlowered"] += 1
                     logger.warning("%s: no %s form for passctl::%s (node '%s'); it stays canonical",

@@ -244,15 +244,15 @@ def _in_order(nodes: Sequence[Node]) -> List[Node]:
 
 def replacement_conflict(old_nodes: Sequence[Node], new_nodes: Sequence[Node],
                          old_values: Sequence[Value], new_values: Sequence[Value],
-                         opset: int) -> Optional[str]:
+                         opset: int, assign_types: bool = True) -> Optional[str]:
     """Why ``new_values`` (computed by ``new_nodes``) cannot replace ``old_values`` (computed by
     ``old_nodes``): the first pair whose inferred types differ in element type or static shape,
     as one line naming the value; None when none is proven to differ.
 
     Both sides are inferred from the types of the values flowing in; where the old side cannot be
-    inferred its declared type counts. As a side effect each new value still without a type gets
-    one: the replaced value's (inferred, else declared) type where it is known, else its own
-    inferred type.
+    inferred its declared type counts. With ``assign_types`` (the default), each new value still
+    without a type then gets one: the replaced value's (inferred, else declared) type where it is
+    known, else its own inferred type.
     """
     inside = {id(n) for n in old_nodes}
     outer = [v for n in old_nodes for v in n.inputs
@@ -269,6 +269,8 @@ def replacement_conflict(old_nodes: Sequence[Node], new_nodes: Sequence[Node],
         why = type_conflict(old_t, new_t)
         if why is not None:
             return f"the replacement of '{old.name}' would change its type: {why}"
+    if not assign_types:
+        return None
     created = {id(v): v for n in new_nodes for v in n.outputs if v is not None}
     for old, new in zip(old_values, new_values):
         if id(new) in created and new.type is None:

@@ -221,3 +221,30 @@ def test_inference_of_standard_and_canonical_ops():
     assert env[id(gelu.outputs[0])].shape.dims == (3, 8)
     assert type_conflict(env[id(add.outputs[0])], x.type) is not None
     assert type_conflict(TensorType(DataType.FLOAT, Shape(("n", 3))), x.type) is None
+
+
+def test_lowering_form_that_changes_a_shape_is_refused_and_the_next_form_used():
+    """The lowering table's common replacement point has the guard too: a form that would change
+    the canonical op's output shape is refused (stat ``refused``) and the next one is used."""
+    from passctl.passes.lowering import lower_standard
+    from passctl.passes.lowering.table import Lowering, register_lowering
+
+    def bad(ctx, node):  # HardSwish as Unsqueeze(x, 0): rank 2 becomes rank 3
+        ctx.form = "HardSwish->wrong"
+        return ctx.b.op("Unsqueeze", node.inputs[0], ctx.const(np.array([0], np.int64), "axes"))
+
+    register_lowering("test-guard", "HardSwish", bad)
+    register_lowering("test-guard", "HardSwish", lower_standard.lower_hardswish)
+
+    class LowerTest(Lowering):
+        name = "lower-test-guard"
+        TARGET = "test-guard"
+
+    proto = _build("hardswish", ())
+    model = from_onnx(proto)
+    PassManager(build_pipeline("infer-shapes,fuse-activations")).run(model)
+    assert [n.op_type for n in model.graph] == ["HardSwish"]
+    result = LowerTest()(model)
+    assert result.stats["refused"] == 1 and result.stats["lowered"] == 1
+    assert "HardSwish->wrong" not in result.stats
+    _same_run(proto, to_onnx(model))
