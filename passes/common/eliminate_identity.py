@@ -7,11 +7,13 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from passctl.ir import Graph, Model, Node
+from passctl.ir import Graph, Model, Node, TensorType, Value
+from passctl.ir.printer import type_text
 from passctl.passes.base import Pass, PassResult
 from passctl.passes.common.constants import constant_array, is_standard_op
 from passctl.passes.common.infer_shapes import merge_types
 from passctl.passes.registry import register_pass
+from passctl.passes.rewrite.types import infer_node, type_conflict
 
 logger = logging.getLogger(__name__)
 
@@ -24,9 +26,14 @@ class EliminateIdentity(Pass):
       1. ``Identity`` [identity].
       2. ``Dropout`` in inference: no ``training_mode`` input, or a constant false one; its mask
          output unused (Dropout-13 spec: in inference the output is the input) [dropout].
-      3. ``Cast`` to the input's own element type (known from its type) [cast].
+      3. ``Cast`` to the input's own element type [cast].
       4. ``Reshape`` whose target shape (constant; 0 copies a dim unless ``allowzero``, -1 is
          inferred) equals the input's static shape [reshape].
+
+    For rules 3 and 4 the input's type must be proven: where its producer's output type can be
+    inferred from the producer's inputs (onnx's per-node inference), that type counts, and a
+    declared type it contradicts (a stale ``value_info``) is ignored with a warning, so a Reshape
+    that changes the shape is never dropped.
       5. ``Transpose`` whose ``perm`` is 0, 1, ..., r-1 (without ``perm`` only rank <= 1) [transpose].
 
     Output names are kept: when the removed node's output is a graph output, the input value
@@ -43,30 +50,65 @@ class EliminateIdentity(Pass):
 
     def run(self, model: Model) -> PassResult:
         stats = {"identity": 0, "dropout": 0, "cast": 0, "reshape": 0, "transpose": 0}
-        _eliminate(model.graph, stats)
+        opset = model.opset or 21
+        _eliminate(model.graph, stats, opset)
         for fn in model.functions.values():
-            _eliminate(fn.graph, stats)
+            _eliminate(fn.graph, stats, opset)
         stats["removed"] = sum(stats.values())
         return PassResult(stats["removed"] > 0, stats)
 
 
-def _eliminate(graph: Graph, stats: Dict[str, int]) -> None:
+def _eliminate(graph: Graph, stats: Dict[str, int], opset: int) -> None:
     for node in graph:
         for sub in node.subgraphs():
-            _eliminate(sub, stats)
-        kind = _noop_kind(node)
+            _eliminate(sub, stats, opset)
+        kind = _noop_kind(node, opset)
         if kind is None:
             continue
         if _bypass(graph, node):
             stats[kind] += 1
 
 
-def _noop_kind(node: Node) -> Optional[str]:
+def _input_type(x: Value, opset: int) -> Optional[TensorType]:
+    """The type of ``x`` as far as it is proven: what its producer computes from its own inputs'
+    types where that can be inferred (a stale declared shape of ``x`` then does not count), else
+    the type ``x`` declares. None when inference contradicts nothing and nothing is declared."""
+    declared = x.type if isinstance(x.type, TensorType) else None
+    p = x.producer
+    if p is None or x.const is not None:
+        return declared
+    inferred = infer_node(p, opset)[x.index] if x.index is not None else None
+    if not isinstance(inferred, TensorType):
+        return declared
+    if declared is not None and type_conflict(declared, inferred) is not None:
+        logger.warning("eliminate-identity: '%s' is declared %s but %s computes %s; the computed "
+                       "type counts", x.name, type_text(declared), p.op_type, type_text(inferred))
+        return inferred
+    if declared is not None and declared.shape is not None and (
+            inferred.shape is None or not inferred.shape.is_static()):
+        return declared
+    return inferred
+
+
+def _noop_kind(node: Node, opset: int = 21) -> Optional[str]:
     """The rule name when ``node`` is a no-op, else None."""
     if not is_standard_op(node) or not node.inputs or node.inputs[0] is None:
         return None
     x = node.inputs[0]
     op = node.op_type
+    if op in ("Cast", "Reshape"):
+        # A no-op on the declared type is confirmed on the computed one (inference only then).
+        declared = x.type if isinstance(x.type, TensorType) else None
+        for xt in (declared, "proven"):
+            if xt == "proven":
+                xt = _input_type(x, opset)
+            if op == "Cast":
+                to = node.attr("to")
+                if xt is None or to is None or int(xt.dtype) != int(to):
+                    return None
+            elif not _reshape_is_noop(node, xt):
+                return None
+        return op.lower()
     if op == "Identity":
         return "identity"
     if op == "Dropout":
@@ -78,11 +120,6 @@ def _noop_kind(node: Node) -> Optional[str]:
             if flag is None or bool(np.asarray(flag).reshape(-1)[0]):
                 return None
         return "dropout"
-    if op == "Cast":
-        to = node.attr("to")
-        return "cast" if x.dtype is not None and to is not None and int(x.dtype) == int(to) else None
-    if op == "Reshape":
-        return "reshape" if _reshape_is_noop(node) else None
     if op == "Transpose":
         rank = x.shape.rank if x.shape is not None else None
         perm = node.attr("perm")
@@ -92,15 +129,16 @@ def _noop_kind(node: Node) -> Optional[str]:
     return None
 
 
-def _reshape_is_noop(node: Node) -> bool:
-    x = node.inputs[0]
-    if x.shape is None or not x.shape.is_static() or len(node.inputs) < 2:
+def _reshape_is_noop(node: Node, xt: Optional[TensorType]) -> bool:
+    """Whether Reshape ``node`` returns its input's shape; ``xt`` is the input's proven type."""
+    shape = None if xt is None else xt.shape
+    if shape is None or not shape.is_static() or len(node.inputs) < 2:
         return False
     target = constant_array(node.inputs[1])
     if target is None:
         return False
     target = [int(d) for d in np.asarray(target).reshape(-1)]
-    dims = list(x.shape.dims)
+    dims = list(shape.dims)
     if len(target) != len(dims):
         return False
     allowzero = node.attr("allowzero", 0)
@@ -122,8 +160,8 @@ def _bypass(graph: Graph, node: Node) -> bool:
     """Rewire ``node``'s first output to its first input and remove it; False when it must stay."""
     x, y = node.inputs[0], node.outputs[0]
     if node.op_type != "Cast":
-        merged, _ = merge_types(x.type, y.type)
-        if merged is not None:
+        merged, conflict = merge_types(x.type, y.type)
+        if merged is not None and not conflict:
             x.type = merged
     if any(o is y for o in graph.outputs):
         local = x.producer is not None and x.producer.graph is graph

@@ -43,8 +43,11 @@ class InferShapes(Pass):
       3. Each inferred type is copied onto the value of the same name, never losing precision: an
          unknown type takes the inferred one; for equal element types and ranks each dim keeps a
          known int, and an unknown or symbolic dim takes an inferred int (an unknown one also an
-         inferred symbol). A different element type or rank, or two different ints, keeps the
-         existing type and counts a conflict (logged as a warning). Dim names onnx generates
+         inferred symbol). A different element type or rank, or two different ints, proves the
+         declared type wrong (a stale ``value_info``, a graph output declared as it is not
+         computed): the inferred type replaces it, counted as a conflict and logged as a warning
+         naming both (passes that trust declared shapes, such as eliminate-identity's no-op
+         Reshape, would otherwise change what the model computes). Dim names onnx generates
          (``unk__N``) count as unknown.
       4. A Reshape output onnx leaves without a shape gets its rank (the length of the shape
          input, when that is known) and inference runs again from it, up to 4 rounds; dynamic
@@ -96,9 +99,9 @@ class InferShapes(Pass):
                 stats["conflicts"] += 1
                 from passctl.ir.printer import type_text
 
-                logger.warning("infer-shapes: value '%s' is declared %s but inferred %s; kept the "
-                               "declared type", value.name, type_text(value.type),
-                               type_text(type_from_proto(tp)))
+                logger.warning("infer-shapes: value '%s' is declared %s but computes %s; the "
+                               "declaration was wrong and is replaced", value.name,
+                               type_text(value.type), type_text(new))
             if new is not None:
                 value.type = new
                 stats["values_typed"] += 1
@@ -154,43 +157,53 @@ def _proto_without_float_weights(model: Model) -> onnx.ModelProto:
 
 
 def merge_types(existing: Optional[Type], inferred: Optional[Type]) -> Tuple[Optional[Type], bool]:
-    """Combine an existing and an inferred type without losing precision.
+    """Combine an existing (declared) and an inferred type.
+
+    Without a conflict no precision is lost: each dim keeps a known int, and an unknown or
+    symbolic dim takes an inferred int (an unknown one also an inferred symbol). A conflict is a
+    different element type or rank, or two different known dims: the declaration is proven wrong,
+    and the inferred type wins (a known existing dim stays only where the inferred one is unknown).
 
     Returns:
         ``(new_type, conflict)``: ``new_type`` is None when the existing type stays as it is;
-        ``conflict`` is True when the two disagree (different element type or rank, or two
-        different known dims), in which case the existing type is kept.
+        ``conflict`` is True when the two disagree, in which case ``new_type`` is the inferred
+        type (refined by the existing dims it does not contradict).
     """
     if inferred is None:
         return None, False
     if existing is None:
         return inferred, False
     if not (isinstance(existing, TensorType) and isinstance(inferred, TensorType)):
-        return None, type(existing) is not type(inferred)
+        if type(existing) is not type(inferred):
+            return inferred, True
+        return None, False
     if existing.dtype != inferred.dtype:
-        return None, True
+        return inferred, True
     if inferred.shape is None:
         return None, False
     if existing.shape is None:
         return TensorType(existing.dtype, inferred.shape, existing.denotation), False
     if existing.shape.rank != inferred.shape.rank:
-        return None, True
+        return TensorType(existing.dtype, inferred.shape, existing.denotation), True
     dims = []
+    conflict = False
     for old, new in zip(existing.shape.dims, inferred.shape.dims):
         if isinstance(old, int) and old < 0:  # -1 declared by some exporters: unknown
             old = None
         if isinstance(old, int):
             if isinstance(new, int) and new != old:
-                return None, True
-            dims.append(old)
+                conflict = True
+                dims.append(new)
+            else:
+                dims.append(old)
         elif isinstance(new, int) or (old is None and new is not None):
             dims.append(new)
         else:
             dims.append(old)
     if tuple(dims) == tuple(existing.shape.dims):
         return None, False
-    shape = Shape(tuple(dims), existing.shape.denotations)
-    return TensorType(existing.dtype, shape, existing.denotation), False
+    shape = Shape(tuple(dims), existing.shape.denotations if not conflict else ())
+    return TensorType(existing.dtype, shape, existing.denotation), conflict
 
 
 def _drop_generated_symbols(t: Optional[Type]) -> Optional[Type]:

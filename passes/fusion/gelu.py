@@ -106,23 +106,52 @@ class GeluBias(RewriteRule):
         return op.Gelu(x, param_vector(op, x, bias), _domain=DOMAIN, approximate=approximate)
 
 
+@register_rule
+class GeluBiasFromOnnx(RewriteRule):
+    """Rule 4 (BiasGelu from ONNX's op): standard ``Gelu(Add(x, bias), approximate)`` (Gelu-20, as
+    the dynamo exporter and onnxscript write ``F.gelu`` from opset 20 on) with a ``[D]`` bias ->
+    ``passctl::Gelu(x, bias, approximate)``, which lowers to ONNX Runtime's BiasGelu / FastGelu
+    with bias (or back to Add + Gelu-20 for standard ONNX). A Gelu without such an Add stays the
+    standard op (nothing to gain). The bias is checked as in rule 3."""
+
+    name = "gelu-bias-from-onnx"
+    summary = "Gelu-20(Add(x, [D] bias)) -> passctl::Gelu(x, bias) (BiasGelu)"
+    commute = True
+
+    def pattern(self, op, x, bias):
+        return op.Gelu(op.Add(x, bias), approximate=AttrVar("approximate", default="none"))
+
+    def check(self, context, x, bias, approximate, **_):
+        if approximate not in ("none", "tanh"):
+            return MatchResult().fail(f"Gelu approximate={approximate!r} is neither 'none' nor 'tanh'")
+        if x.dtype is not None and not x.dtype.is_floating:
+            return MatchResult().fail(f"Gelu: '{x.name}' is not floating point ({x.dtype})")
+        return check_param(context, x, bias, "bias", "BiasGelu")[1]
+
+    def rewrite(self, op, x, bias, approximate):
+        return op.Gelu(x, param_vector(op, x, bias), _domain=DOMAIN, approximate=approximate)
+
+
 @register_pass
 class FuseGelu(FusionRuleSet):
     """GELU (erf form), FastGelu (tanh form) and BiasGelu as canonical ``passctl::Gelu``.
 
-    Rules: 1 ``gelu-erf`` (6 variants as alternatives), 2 ``gelu-tanh`` (6), 3 ``gelu-bias``. Lower with
+    Rules: 1 ``gelu-erf`` (6 variants as alternatives), 2 ``gelu-tanh`` (6), 3 ``gelu-bias``, 4
+    ``gelu-bias-from-onnx`` (ONNX Gelu-20 after a bias Add). Lower with
     ``lower-onnxruntime`` (com.microsoft Gelu / BiasGelu / FastGelu) or ``lower-standard`` (Gelu-20 or
     the formula).
 
-    Statistics: ``gelu`` (erf form), ``fast_gelu`` (tanh form), ``bias_gelu`` (biases absorbed), and
+    Statistics: ``gelu`` (erf form), ``fast_gelu`` (tanh form), ``bias_gelu`` (biases absorbed, rules
+    3 and 4), and
     the count per variant (``gelu-erf-div-x-h``, ...).
     """
 
     name = "fuse-gelu"
     summary = "Fuse the erf / tanh GELU formulas (and a preceding bias Add) into canonical passctl::Gelu"
-    RULES = (gelu_erf, gelu_tanh, GeluBias)
+    RULES = (gelu_erf, gelu_tanh, GeluBias, GeluBiasFromOnnx)
     FAMILIES = {**{n: "gelu" for n in gelu_erf.variant_names()},
-                **{n: "fast_gelu" for n in gelu_tanh.variant_names()}, GeluBias.name: "bias_gelu"}
+                **{n: "fast_gelu" for n in gelu_tanh.variant_names()}, GeluBias.name: "bias_gelu",
+                GeluBiasFromOnnx.name: "bias_gelu"}
 
 
-__all__ = ["FuseGelu", "GeluBias", "GeluFormula", "gelu_erf", "gelu_tanh"]
+__all__ = ["FuseGelu", "GeluBias", "GeluBiasFromOnnx", "GeluFormula", "gelu_erf", "gelu_tanh"]

@@ -24,8 +24,14 @@ def _square(op, v):
     return Or(op.Pow(v, 2.0), op.Mul(v, v), name="square", labels=("pow", "mul"))
 
 
-def _normalize(op, v, std):
-    return Or(op.Div(v, std), op.Mul(v, op.Reciprocal(std)), name="normalize", labels=("div", "reciprocal"))
+def _normalize(op, v, var_eps):
+    """``v / sqrt(var_eps)`` as exporters write it: ``Div(v, Sqrt(.))``; ``Mul(v, Reciprocal(Sqrt(.)))``
+    (the dynamo exporter's ``rsqrt``); ``Mul(v, Div(1, Sqrt(.)))`` (the legacy TorchScript
+    exporter's ``rsqrt``); ``Mul(v, Pow(., -0.5))`` (``torch.pow(var + eps, -0.5)``)."""
+    std = op.Sqrt(var_eps)
+    return Or(op.Div(v, std), op.Mul(v, op.Reciprocal(std)), op.Mul(v, op.Div(1.0, std)),
+              op.Mul(v, op.Pow(var_eps, -0.5)),
+              name="normalize", labels=("div", "reciprocal", "div-one", "pow-half"))
 
 
 def _float_eps(context: RuleContext, eps: Value, what: str):
@@ -42,7 +48,9 @@ class LayerNormDecomposed(RewriteRule):
 
     Alternatives (the exporters' ways; a fusion counts as ``layernorm-<square>-<normalize>-<axes>``,
     the names of the former one-rule-per-variant classes): the square as ``Pow(d, 2)`` or
-    ``Mul(d, d)``; the division as ``Div(d, std)`` or ``Mul(d, Reciprocal(std))``; ReduceMean's axes
+    ``Mul(d, d)``; the division as ``Div(d, std)``, ``Mul(d, Reciprocal(std))`` or
+    ``Mul(d, Div(1, std))`` (``div-one``, the legacy exporter's rsqrt) or ``Mul(d, Pow(var + eps,
+    -0.5))`` (``pow-half``); ReduceMean's axes
     as attribute (opset < 18) or input (>= 18).
     Check: both ReduceMeans keep dims and reduce the last axis only; eps is a scalar float constant.
     Math: Ba et al. 2016 (Layer Normalization), biased variance as in ONNX LayerNormalization-17.
@@ -56,7 +64,7 @@ class LayerNormDecomposed(RewriteRule):
     def pattern(self, op, x, eps, axes1, axes2):
         d = op.Sub(x, _mean(op, x, axes1))
         var = _mean(op, _square(op, d), axes2)
-        return _normalize(op, d, op.Sqrt(op.Add(var, eps)))
+        return _normalize(op, d, op.Add(var, eps))
 
     def check(self, context, x, eps, **_):
         ok = check_reductions(context, x, "LayerNorm")
@@ -73,8 +81,9 @@ class LayerNormDecomposed(RewriteRule):
 class RMSNormDecomposed(RewriteRule):
     """Rule 2: ``x / sqrt(mean(x^2) + eps)`` -> ``passctl::RMSNorm(x)``.
 
-    LLaMA's ``x * rsqrt(mean(x^2) + eps)`` exports as ``Mul(x, Reciprocal(Sqrt(...)))``. Alternatives
-    (counted as ``rmsnorm-<square>-<normalize>-<axes>``) and check as rule 1. Math: Zhang & Sennrich
+    LLaMA's ``x * rsqrt(mean(x^2) + eps)`` exports as ``Mul(x, Reciprocal(Sqrt(...)))`` (dynamo) or
+    ``Mul(x, Div(1, Sqrt(...)))`` (the legacy TorchScript exporter). Alternatives (counted as
+    ``rmsnorm-<square>-<normalize>-<axes>``) and check as rule 1. Math: Zhang & Sennrich
     2019 (Root Mean Square Layer Normalization).
     """
 
@@ -85,7 +94,7 @@ class RMSNormDecomposed(RewriteRule):
 
     def pattern(self, op, x, eps, axes1):
         ms = _mean(op, _square(op, x), axes1)
-        return _normalize(op, x, op.Sqrt(op.Add(ms, eps)))
+        return _normalize(op, x, op.Add(ms, eps))
 
     def check(self, context, x, eps, **_):
         ok = check_reductions(context, x, "RMSNorm")
@@ -260,8 +269,8 @@ _FAMILIES = {**{n: "layernorm" for n in LayerNormDecomposed().variant_names()},
 class FuseLayerNorm(FusionRuleSet):
     """LayerNorm, SkipLayerNorm and RMSNorm from their decomposed forms, as canonical passctl ops.
 
-    Rules (see each class): 1 ``layernorm-decomposed`` (8 variants as alternatives), 2
-    ``rmsnorm-decomposed`` (8), 3 and 4 ``norm-scale``, 5 ``layernorm-bias``, 6
+    Rules (see each class): 1 ``layernorm-decomposed`` (16 variants as alternatives), 2
+    ``rmsnorm-decomposed`` (16), 3 and 4 ``norm-scale``, 5 ``layernorm-bias``, 6
     ``layernorm-from-onnx``, 7 ``skip-layernorm`` (6), 8 ``rmsnorm-cast-noop``. The rules build up the
     fused op step by step (core, then scale, then bias, then residual), so a model's scale or bias
     that does not broadcast to ``[D]`` leaves a correct LayerNorm without it, and ``passctl explain

@@ -12,6 +12,7 @@ from passctl.passes.fusion.layernorm import _same_shape
 from passctl.passes.registry import register_pass
 from passctl.passes.rewrite import MatchResult
 from passctl.passes.rewrite.pattern import node_label
+from passctl.passes.rewrite.types import ReplacementError, checked_replace, discard_nodes
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def check_skip_rmsnorm(norm: Node) -> Tuple[Optional[Node], MatchResult]:
     return add, MatchResult()
 
 
-def fuse_skip_rmsnorm(add: Node, norm: Node) -> Tuple[Node, bool]:
+def fuse_skip_rmsnorm(add: Node, norm: Node, opset: int = 21) -> Tuple[Node, bool]:
     """Replace ``add`` and ``norm`` (checked by :func:`check_skip_rmsnorm`) by one
     ``passctl::SkipRMSNorm(x, skip[, scale]; epsilon)``.
 
@@ -63,6 +64,11 @@ def fuse_skip_rmsnorm(add: Node, norm: Node) -> Tuple[Node, bool]:
     Returns:
         ``(node, needs_sort)``: the new node, and whether the graph must be re-sorted (the scale is
         computed by a node placed between the Add and the RMSNorm).
+
+    Raises:
+        ReplacementError: the fused op's outputs would differ in element type or static shape
+            from the values they replace (inferred from the inputs, ``opset`` for the standard
+            ops); nothing has changed.
     """
     graph = norm.graph
     s, y = add.outputs[0], norm.outputs[0]
@@ -73,10 +79,12 @@ def fuse_skip_rmsnorm(add: Node, norm: Node) -> Tuple[Node, bool]:
                  [Value(graph.fresh_name(y.name + "_skip")),
                   *([Value(graph.fresh_name(s.name + "_sum"))] if keep_sum else [])],
                  name=graph.fresh_name((norm.name or "rmsnorm") + "_skip"))
-    for new, old in zip(fused.outputs, (y, s)):
-        new.type = old.type
     old_values = [y, s] if keep_sum else [y]
-    graph.replace_nodes([add, norm], [fused], old_values, list(fused.outputs))
+    try:
+        checked_replace(graph, [add, norm], [fused], old_values, list(fused.outputs), opset)
+    except ReplacementError:
+        discard_nodes([fused])
+        raise
     needs_sort = scale is not None and scale.producer is not None
     return fused, needs_sort
 
@@ -94,7 +102,8 @@ class FuseSkipRMSNorm(Pass):
     reason (:func:`check_skip_rmsnorm`).
 
     Statistics: ``skip_rmsnorm`` (pairs fused), ``with_sum`` (of those, how many keep the sum as
-    output 2), ``refused`` (RMSNorms fed by an Add that did not fuse).
+    output 2), ``refused`` (RMSNorms fed by an Add that did not fuse, or whose fused op would
+    change a value's type: logged at info level).
     """
 
     name = "fuse-skip-rmsnorm"
@@ -112,7 +121,12 @@ class FuseSkipRMSNorm(Pass):
                         stats["refused"] += 1
                         logger.debug("%s: %s", self.name, ok.reason)
                     continue
-                fused, sort = fuse_skip_rmsnorm(add, norm)
+                try:
+                    fused, sort = fuse_skip_rmsnorm(add, norm, model.opset or 21)
+                except ReplacementError as e:
+                    stats["refused"] += 1
+                    logger.info("%s: %s not fused: %s", self.name, node_label(norm), e)
+                    continue
                 needs_sort |= sort
                 stats["skip_rmsnorm"] += 1
                 stats["with_sum"] += len(fused.outputs) > 1

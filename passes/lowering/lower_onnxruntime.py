@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
 from passctl.dialect.canonical import MS_DOMAIN, ensure_opset, optional_input
 from passctl.ir import Model, Node, Value
@@ -51,15 +52,36 @@ def skip_layernorm_add(ctx: LowerContext, node: Node) -> Value:
 
 
 def rmsnorm(ctx: LowerContext, node: Node) -> Value:
-    """``SimplifiedLayerNormalization`` (ONNX Runtime registers it in the default domain; the form
-    its transformers optimizer writes for LLaMA's RMSNorm): x / sqrt(mean(x^2) + eps) * scale."""
-    ctx.form = "RMSNorm->SimplifiedLayerNormalization"
+    """x / sqrt(mean(x^2) + eps) * scale as one kernel: ``RMSNormalization`` (ONNX, opset >= 23;
+    ONNX Runtime 1.32 runs it on the CPU provider), else ``SimplifiedLayerNormalization``, which
+    ONNX Runtime registers in the default ONNX domain although ONNX has no such op (the form its
+    transformers optimizer writes for LLaMA's RMSNorm; ``com.microsoft`` has no kernel of that
+    name): such a model runs in ONNX Runtime only and ``onnx.checker`` refuses it
+    (:func:`runtime_only_ops` names it, the report's ``artifact.runtime_only_ops``)."""
+    ctx.form = "RMSNorm->" + ("RMSNormalization" if ctx.opset >= RMS_NORMALIZATION_OPSET
+                              else "SimplifiedLayerNormalization")
     return _simplified_layernorm(ctx, node.inputs[0], optional_input(node, 1), float(node.attr("epsilon")))
 
 
+RMS_NORMALIZATION_OPSET = 23
+"""The first ONNX opset with ``RMSNormalization``."""
+
+
 def _simplified_layernorm(ctx: LowerContext, x: Value, scale: Optional[Value], eps: float) -> Value:
-    return ctx.b.op("SimplifiedLayerNormalization", x, scale if scale is not None else ctx.ones_scale(x),
-                    axis=-1, epsilon=eps, stash_type=1)
+    if ctx.opset >= RMS_NORMALIZATION_OPSET:
+        scale = scale if scale is not None else ctx.ones_scale(x)
+        return ctx.b.op("RMSNormalization", x, scale, axis=-1, epsilon=eps, stash_type=1)
+    if getattr(ctx.options, "portable", False):
+        # The spelling ONNX Runtime's SimplifiedLayerNormFusion (ORT_ENABLE_EXTENDED and above)
+        # turns back into SimplifiedLayerNormalization when the session loads: Pow(x, 2),
+        # ReduceMean, Add eps, Sqrt, Div, Mul scale (the fusion needs the Mul: ones without one).
+        ctx.form = ctx.form.replace("SimplifiedLayerNormalization", "decomposed")
+        b = ctx.b
+        ms = ctx.reduce_mean_last(b.op("Pow", x, ctx.scalar(2.0, x, "two")))
+        y = b.op("Div", x, b.op("Sqrt", b.op("Add", ms, ctx.scalar(eps, x, "epsilon"))))
+        return b.op("Mul", y, scale if scale is not None else ctx.ones_scale(x))
+    scale = scale if scale is not None else ctx.ones_scale(x)
+    return ctx.b.op("SimplifiedLayerNormalization", x, scale, axis=-1, epsilon=eps, stash_type=1)
 
 
 def skip_rmsnorm(ctx: LowerContext, node: Node) -> Optional[Tuple[Value, ...]]:
@@ -86,12 +108,13 @@ def skip_rmsnorm(ctx: LowerContext, node: Node) -> Optional[Tuple[Value, ...]]:
 
 
 def skip_rmsnorm_add(ctx: LowerContext, node: Node) -> Tuple[Value, ...]:
-    """``S = Add(input, skip)`` then ``SimplifiedLayerNormalization(S)``; returns ``(Y, S)`` (or
+    """``S = Add(input, skip)`` then RMSNorm's form (:func:`rmsnorm`) of S; returns ``(Y, S)`` (or
     ``(Y,)``): the unfused form, for ranks the contrib op does not take."""
     x, skip, scale = node.inputs[0], node.inputs[1], optional_input(node, 2)
     s = typed_like(ctx.b.op("Add", x, skip), x)
+    ctx.form = "SkipRMSNorm->Add+" + ("RMSNormalization" if ctx.opset >= RMS_NORMALIZATION_OPSET
+                                      else "SimplifiedLayerNormalization")
     y = _simplified_layernorm(ctx, s, scale, float(node.attr("epsilon")))
-    ctx.form = "SkipRMSNorm->Add+SimplifiedLayerNormalization"
     return (y, s) if len(node.outputs) > 1 else (y,)
 
 
@@ -133,13 +156,17 @@ class LowerOnnxRuntime(Lowering):
     """Turn canonical ``passctl::`` ops into the ops ONNX Runtime 1.32's CPU provider runs fused.
 
     Forms: LayerNorm -> LayerNormalization; SkipLayerNorm -> Add + LayerNormalization (faster than
-    com.microsoft.SkipLayerNormalization on the CPU provider, measured); RMSNorm -> SimplifiedLayerNormalization;
+    com.microsoft.SkipLayerNormalization on the CPU provider, measured); RMSNorm -> RMSNormalization
+    (opset >= 23) or SimplifiedLayerNormalization (ONNX Runtime's default-domain op, below 23);
     SkipRMSNorm -> com.microsoft.SkipSimplifiedLayerNormalization (the sum as its 4th output; Add +
-    SimplifiedLayerNormalization for ranks other than 2 and 3);
+    RMSNorm's form for ranks other than 2 and 3);
     Gelu -> com.microsoft Gelu / BiasGelu / FastGelu; SiLU -> com.microsoft.QuickGelu(alpha);
     HardSwish -> HardSwish (opset >= 14) or x * HardSigmoid(x). ``com.microsoft`` (version 1) is added
-    to the opset imports when used. The result is for ONNX Runtime only: ``onnx.checker`` does not know
-    the contrib ops (nor LayerNormalization below opset 17).
+    to the opset imports when used. ``onnx.checker`` accepts the ``com.microsoft`` ops (a domain it
+    has no schemas for) but refuses SimplifiedLayerNormalization (and LayerNormalization below opset
+    17), ONNX Runtime's registrations in the default domain: :func:`runtime_only_ops` lists what
+    only ONNX Runtime runs, and statistic ``runtime_only_ops`` counts those nodes. Option
+    ``portable`` writes RMSNorm below opset 23 as the decomposition ONNX Runtime fuses back.
 
     Statistics: see :class:`passctl.passes.lowering.table.Lowering`.
     """
@@ -148,11 +175,54 @@ class LowerOnnxRuntime(Lowering):
     summary = "Lower canonical passctl ops to ONNX Runtime contrib ops (com.microsoft) and ONNX ops"
     TARGET = TARGET
 
+    @dataclass
+    class Options:
+        """Options of lower-onnxruntime.
+
+        Attributes:
+            portable: below opset 23, write RMSNorm as its decomposition (Pow, ReduceMean, Add,
+                Sqrt, Div, Mul) instead of SimplifiedLayerNormalization, so that ``onnx.checker``
+                accepts the artifact; ONNX Runtime fuses that spelling back into
+                SimplifiedLayerNormalization when the session loads at ORT_ENABLE_EXTENDED or
+                above (the shipped level is ORT_ENABLE_ALL), so the kernel is the same there.
+        """
+
+        portable: bool = False
+
     def run(self, model: Model) -> PassResult:
         result = super().run(model)
         if any(n.domain == MS_DOMAIN for n in model.graph.all_nodes()):
             ensure_opset(model, MS_DOMAIN, 1)
+        only = runtime_only_ops(model)
+        if only:
+            result.stats["runtime_only_ops"] = sum(only.values())
         return result
 
 
-__all__ = ["LowerOnnxRuntime"]
+def runtime_only_ops(model: Model) -> Dict[str, int]:
+    """``{"domain::op": count}`` of the nodes only ONNX Runtime runs: ops of a domain ONNX does not
+    define (``com.microsoft::BiasGelu``...), and default-domain ops with no ONNX schema at the
+    model's opset (ONNX Runtime's own registrations: ``::SimplifiedLayerNormalization``,
+    ``::LayerNormalization`` below opset 17), which ``onnx.checker`` refuses. Model-local functions
+    count as defined. Empty for a portable model."""
+    import onnx.defs
+
+    opset = model.opset or 1
+    local = {(f.domain, f.name) for f in model.functions.values()} if model.functions else set()
+    found: Dict[str, int] = {}
+    for n in model.graph.all_nodes():
+        if (n.domain, n.op_type) in local:
+            continue
+        if n.domain in ("", "ai.onnx", "ai.onnx.ml"):
+            version = opset if n.domain != "ai.onnx.ml" else model.opset_imports.get("ai.onnx.ml", 1)
+            try:
+                onnx.defs.get_schema(n.op_type, version, "" if n.domain == "ai.onnx" else n.domain)
+                continue
+            except onnx.defs.SchemaError:
+                pass
+        key = f"{n.domain}::{n.op_type}"
+        found[key] = found.get(key, 0) + 1
+    return dict(sorted(found.items()))
+
+
+__all__ = ["LowerOnnxRuntime", "runtime_only_ops"]

@@ -10,6 +10,7 @@ import numpy as np
 from passctl.dialect.canonical import DOMAIN, drop_unused_opset, last_dim
 from passctl.ir import Builder, Graph, Model, Node, Value
 from passctl.passes.base import Pass, PassResult
+from passctl.passes.rewrite.types import discard_nodes, replacement_conflict
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +50,13 @@ class LowerContext:
     """What a lowering function gets: the model (opset), a builder collecting the new nodes, and the
     name of the rule (form) it chose, for statistics."""
 
-    def __init__(self, model: Model, graph: Graph, node: Node):
+    def __init__(self, model: Model, graph: Graph, node: Node, options=None):
         self.model = model
         self.graph = graph
         self.b = Builder(graph, provenance=node.provenance, insert=False)
         self.form = ""
+        self.options = options
+        """The lowering pass's options (None for a pass without any)."""
         self.why_not = ""
 
     def refuse(self, reason: str) -> None:
@@ -100,11 +103,17 @@ class LowerContext:
 class Lowering(Pass):
     """Replaces every ``passctl::`` node by the first form of ``TARGET``'s table that applies.
 
+    A form whose outputs would differ in element type or static shape from the canonical node's
+    (inferred from the inputs, :func:`passctl.passes.rewrite.types.replacement_conflict`; forms of
+    ops onnx has no schema for are not inferred) is refused with a warning, and the next form is
+    tried.
+
     Statistics: ``lowered`` (nodes replaced), the count per form (``"LayerNorm->com.microsoft::..."``
     style names given by the lowering functions), ``unlowered`` (canonical nodes no form took,
-    logged as warnings: the emitted model cannot run them) and, when a form was passed over with a
-    reason (:meth:`LowerContext.refuse`), ``fallbacks``: one line per such node, ``"<op> '<node>':
-    <form chosen>; not <function>: <reason>; ..."``.
+    logged as warnings: the emitted model cannot run them), ``refused`` (forms refused for a
+    type change, when any) and, when a form was passed over with a reason
+    (:meth:`LowerContext.refuse` or a type change), ``fallbacks``: one line per such node,
+    ``"<op> '<node>': <form chosen>; not <function>: <reason>; ..."``.
     """
 
     TARGET = ""
@@ -112,6 +121,7 @@ class Lowering(Pass):
     def run(self, model: Model) -> PassResult:
         stats: Dict[str, object] = {"lowered": 0, "unlowered": 0}
         table = _TABLES.get(self.TARGET, {})
+        opset = model.opset or 21
         for graph in model.graphs():
             for node in list(graph):
                 if node.domain != DOMAIN:
@@ -120,12 +130,24 @@ class Lowering(Pass):
                 ctx = None
                 passed_over = []
                 for fn in table.get(node.op_type, ()):
-                    ctx = LowerContext(model, graph, node)
+                    ctx = LowerContext(model, graph, node, self.options)
                     out = fn(ctx, node)
-                    if out is not None:
+                    if out is None:
+                        if ctx.why_not:
+                            passed_over.append(f"not {fn.__name__}: {ctx.why_not}")
+                        continue
+                    outs = list(out) if isinstance(out, tuple) else [out]
+                    why = replacement_conflict([node], ctx.b.nodes, list(node.outputs[:len(outs)]),
+                                               outs, opset, assign_types=False)
+                    if why is None:
                         break
-                    if ctx.why_not:
-                        passed_over.append(f"not {fn.__name__}: {ctx.why_not}")
+                    # A form that would not compute the canonical op's type: the next form.
+                    discard_nodes(ctx.b.nodes)
+                    stats["refused"] = stats.get("refused", 0) + 1
+                    logger.warning("%s: form %s of passctl::%s (node '%s') refused: %s", self.name,
+                                   ctx.form or getattr(fn, "__name__", "?"), node.op_type, node.name, why)
+                    passed_over.append(f"not {getattr(fn, '__name__', '?')}: {why}")
+                    out = None
                 if passed_over:
                     chosen = ctx.form if out is not None else "no form"
                     line = f"{node.op_type} '{node.name}': {chosen}; " + "; ".join(passed_over)

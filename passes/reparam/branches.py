@@ -244,8 +244,9 @@ class Recognizer:
     """Expands the value of a root node into a :class:`Form`, following only values that have no
     other consumer (a branch intermediate read elsewhere stays a separate source, with a note)."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, protected: Optional[Dict[Node, str]] = None):
         self.graph = graph
+        self.protected = protected or {}
 
     def leaf(self, value: Value, note: Optional[str] = None) -> Form:
         return Form([Term(value)], notes=[note] if note else [])
@@ -265,6 +266,9 @@ class Recognizer:
                 return self.leaf(value, f"branch value '{value.name}' ({_label(node)}) {why}")
         if depth > MAX_DEPTH:
             return self.leaf(value)
+        if node in self.protected:
+            return self.leaf(value, f"{_label(node)} is part of a {self.protected[node]} that fuse "
+                                    "fuses; folding it into a Conv would hide the pattern")
         if is_sum(node):
             self._inside.add(node)
             a = self.expand(node.inputs[0], depth=depth + 1)

@@ -6,7 +6,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, List, Optional
 
-from passctl.ir import Builder, Graph, Model, Node, Value
+from passctl.ir import Builder, Graph, Model, Node, Tensor, Value
 from passctl.passes.rewrite.pattern import constant_value
 
 
@@ -57,12 +57,15 @@ class RewriterBuilder:
     """The ``op`` given to ``rewrite``: ``op.Gemm(x, w, b, transB=1)``, ``op.constant(array)``.
 
     Keywords ``_domain`` and ``_outputs`` as in the pattern builder; other keywords are attributes.
-    Nodes are collected, not inserted: the rule hands them to ``Graph.replace_nodes``.
+    Nodes are collected, not inserted, and constants are not added to the graph until
+    :meth:`commit`: the rule checks the replacement's types first (and ``explain`` builds it
+    without changing the model), then hands the nodes to ``Graph.replace_nodes``.
     """
 
     def __init__(self, graph: Graph):
         self.builder = Builder(graph, insert=False)
         self.graph = graph
+        self.constants: List[Value] = []
 
     def __getattr__(self, op_type: str):
         if op_type.startswith("_"):
@@ -77,8 +80,27 @@ class RewriterBuilder:
         return self.builder.op(op_type, *inputs, domain=_domain, outputs=_outputs, **attrs)
 
     def constant(self, array, name: str = "") -> Value:
-        """A new initializer holding ``array`` (numpy array or Tensor)."""
-        return self.graph.add_constant(array, name)
+        """A new constant holding ``array`` (numpy array or Tensor); it becomes an initializer of
+        the graph on :meth:`commit`."""
+        name = self.graph.fresh_name(name or "const")
+        tensor = array if isinstance(array, Tensor) else Tensor(array)
+        tensor.name = name
+        value = Value(name, const=tensor)
+        self.constants.append(value)
+        return value
+
+    def commit(self) -> None:
+        """Add the constants built here to the graph (before the nodes are inserted)."""
+        for v in self.constants:
+            self.graph.add_initializer(v)
+        self.constants = []
+
+    def discard(self) -> None:
+        """Drop what was built: detach the new nodes' inputs; the constants are never added."""
+        for n in self.builder.nodes:
+            if n.graph is None:
+                n.set_inputs(())
+        self.constants = []
 
     @property
     def nodes(self) -> List[Node]:

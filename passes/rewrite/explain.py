@@ -63,8 +63,12 @@ def explain(rule: Union[str, RewriteRule, Type[RewriteRule]], model: Model, limi
         if score == size + APPLIED:
             status = "fires"
         elif score >= size + BLOCKED:
-            what = "blocked" if score == size + BLOCKED else "check failed"
-            status = f"full pattern matched, {what}: {reason.removeprefix('check failed: ')}"
+            if score == size + BLOCKED:
+                status = f"full pattern matched, blocked: {reason}"
+            elif reason.startswith("replacement refused: "):
+                status = f"full pattern matched, {reason}"
+            else:
+                status = f"full pattern matched, check failed: {reason.removeprefix('check failed: ')}"
         else:
             status = f"matched {score} of {size} pattern ops; stopped: {reason}"
         at = (f" [at {_label(where)}]" if where is not None and where is not anchor

@@ -41,6 +41,9 @@ class Failure:
     reason: str
     node: Optional[Node] = None
     partial: Optional[Match] = None
+    # A failure about the graph's values (a constant's shape), not about the pattern's structure:
+    # a later structural failure at the same depth (the other operand order) does not replace it.
+    sticky: bool = False
 
 
 class Matcher:
@@ -59,6 +62,9 @@ class Matcher:
         self.commute = commute
         self.size = pattern_size(root)
         self.best = Failure(0, "not tried")
+        # The default-domain opset of the model matched (for inferring a value's shape when a
+        # check needs it); the rule sets it per attempt.
+        self.opset = 21
 
     def iter_matches(self, node: Node) -> Iterator[Match]:
         """Every structural match of the pattern rooted at ``node`` (several only through
@@ -93,9 +99,11 @@ class Matcher:
             m2.named[pat.name] = label
         return m2
 
-    def _fail(self, m: Match, reason: str, node: Optional[Node]) -> None:
-        if len(m.nodes) >= self.best.matched or self.best.reason == "not tried":
-            self.best = Failure(len(m.nodes), reason, node, m.copy())
+    def _fail(self, m: Match, reason: str, node: Optional[Node], sticky: bool = False) -> None:
+        n = len(m.nodes)
+        if (n > self.best.matched or self.best.reason == "not tried"
+                or (n == self.best.matched and (sticky or not self.best.sticky))):
+            self.best = Failure(n, reason, node, m.copy(), sticky)
 
     def _keeps(self, m: Match) -> bool:
         """Whether a failure at ``m`` would become the best one (to skip formatting a reason)."""
@@ -212,6 +220,10 @@ class Matcher:
             if not constant_close(arr, pat.value, pat.rtol):
                 self._fail(m, f"input {i} of {node_label(node)} is not the constant {pat.value.tolist()}", node)
                 return
+            why = _broadcasts_up(arr, pat, node, i, self.opset)
+            if why is not None:
+                self._fail(m, why, node, sticky=True)
+                return
             yield m
         elif isinstance(pat, OrPattern):
             for label, alt in pat.items():
@@ -228,6 +240,44 @@ class Matcher:
                                   f"wants {pat.node.describe()}", node)
                 return
             yield from self._node(pat.node, producer, m)
+
+
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow"})
+
+
+def _broadcasts_up(arr, pat: ConstantPattern, node: Node, i: int, opset: int = 21) -> Optional[str]:
+    """Why a constant matching a scalar pattern (``0.5``, ``3.0``...) is no scalar for the
+    broadcasting op ``node``: its shape (``[1, 1, 8]`` of 0.5) would broadcast the other operand
+    to another rank or size, which the fused op does not do; None when the constant has no axis
+    the other operand lacks or has as 1 (proven from the other operand's shape; a constant of more
+    than one element, or of rank > 1, next to an operand of unknown shape is not proven)."""
+    if pat.value.size != 1 or arr.ndim == 0 or node.op_type not in _BROADCASTING or len(node.inputs) != 2:
+        return None
+    other = node.inputs[1 - i]
+    shape = None if other is None else other.shape
+    if shape is None and other is not None:  # infer it from its producers (bounded)
+        from passctl.passes.rewrite.types import infer_upstream
+
+        t = infer_upstream([other], opset, {}).get(id(other))
+        shape = getattr(t, "shape", None)
+    if shape is None:
+        if arr.ndim <= 1 and arr.size == 1:
+            return None
+        return (f"input {i} of {node_label(node)} is the constant {pat.value.tolist()} of shape "
+                f"{list(arr.shape)}, and the shape of '{other.name}' is unknown, so it may broadcast "
+                "it to another shape (run infer-shapes first)")
+    if arr.ndim > shape.rank:
+        return (f"input {i} of {node_label(node)} is the constant {pat.value.tolist()} of shape "
+                f"{list(arr.shape)}: it broadcasts '{other.name}' (rank {shape.rank}) up to rank "
+                f"{arr.ndim}")
+    for k, d in enumerate(arr.shape):
+        have = shape.dims[shape.rank - arr.ndim + k]
+        if d != 1 and have != d:
+            return (f"input {i} of {node_label(node)} is the constant {pat.value.tolist()} of shape "
+                    f"{list(arr.shape)}: axis {shape.rank - arr.ndim + k} of '{other.name}' is "
+                    f"{'unknown' if not isinstance(have, int) else have}, not {d}, so the constant "
+                    "may broadcast it")
+    return None
 
 
 __all__ = ["Failure", "Match", "Matcher"]

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
 from passctl.ir import Model, Node, Value
 from passctl.passes.rewrite.context import MatchResult, RewriterBuilder, RuleContext, call_with_bindings
 from passctl.passes.rewrite.matcher import Match, Matcher
+from passctl.passes.rewrite.types import replacement_conflict
 from passctl.passes.rewrite.pattern import (NodeOutput, NodePattern, OptionalPattern, OrPattern,
                                             PatternBuilder, ValuePattern, node_label, or_patterns,
                                             pattern_nodes)
@@ -169,9 +170,17 @@ class RewriteRule:
                  ) -> Iterator[Tuple[int, str, Optional[Node], Optional[Match], Dict[str, Any]]]:
         """Try the rule at ``node`` without mutating; yields ``(score, reason, node, match, bindings)``
         per attempt, the last one being the best failure when nothing succeeded. Score: matched
-        pattern ops, or ``size + BLOCKED / CHECK_FAILED / APPLIED``."""
+        pattern ops, or ``size + BLOCKED / CHECK_FAILED / APPLIED``.
+
+        A match whose check passes is rewritten, not yet inserted: a replacement whose values differ
+        in element type or static shape from the values they replace (inferred from the inputs,
+        :func:`~passctl.passes.rewrite.types.replacement_conflict`) is refused, scored as a failed
+        check with the reason starting ``replacement refused:``. Otherwise the bindings of the
+        ``APPLIED`` attempt carry the built replacement, which :meth:`apply` inserts; when the
+        caller goes on instead (``explain``), it is dropped and the model stays as it was."""
         size = self.matcher.size
         found = False
+        self.matcher.opset = model.opset if model is not None and model.opset else _DEFAULT_OPSET
         for m in self.matcher.iter_matches(node):
             found = True
             matched = list(m.nodes.values())
@@ -190,43 +199,57 @@ class RewriteRule:
                 continue
             if isinstance(res, MatchResult) and res.values:
                 bindings = {**bindings, **res.values}
-            yield size + APPLIED, "matches", None, m, bindings
+            plan = self._build(node, m, bindings, model)
+            if plan.refused:
+                plan.op.discard()
+                yield size + CHECK_FAILED, f"replacement refused: {plan.refused}", node, m, bindings
+                continue
+            try:
+                yield size + APPLIED, "matches", None, m, {**bindings, _PLAN: plan}
+            finally:
+                if not plan.committed:
+                    plan.op.discard()
             return
         if not found:
             best = self.matcher.best
             yield best.matched, best.reason, best.node, best.partial, {}
 
     def apply(self, node: Node, model: Optional[Model] = None, tracer=None) -> Optional["Replacement"]:
-        """Match at ``node`` and, when the check passes, rewrite. Returns what was replaced (None when
-        the rule did not fire). Replacement goes through ``Graph.replace_nodes``, so each new node's
-        provenance is the union of the replaced nodes'."""
+        """Match at ``node`` and, when the check passes and the replacement keeps the replaced
+        values' types, rewrite. Returns what was replaced (None when the rule did not fire).
+        Replacement goes through ``Graph.replace_nodes``, so each new node's provenance is the union
+        of the replaced nodes'."""
         for score, reason, where, m, bindings in self.attempts(node, model):
             if tracer is not None:
                 tracer.record(self, node, score, reason, where, m)
             if score == self.matcher.size + APPLIED:
-                return self._replace(node, m, bindings)
+                return self._commit(bindings[_PLAN])
         return None
 
-    def _replace(self, root: Node, m: Match, bindings: Dict[str, Any]) -> "Replacement":
+    def _build(self, root: Node, m: Match, bindings: Dict[str, Any], model: Optional[Model]) -> "_Plan":
+        """Run ``rewrite`` (nodes and constants collected, nothing inserted) and check the types."""
         graph = root.graph
         op = RewriterBuilder(graph)
         out = call_with_bindings(self.rewrite, op, bindings)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != len(root.outputs) or not all(isinstance(v, Value) for v in outs):
+            op.discard()
             raise TypeError(f"rule '{self.name}': rewrite() must return {len(root.outputs)} Value(s) "
                             f"replacing the outputs of {root.op_type}, got {out!r}")
-        new_nodes = op.nodes
-        name = self.reported_name(bindings)
-        created = {id(o) for n in new_nodes for o in n.outputs}
-        for old, new in zip(root.outputs, outs):
-            if id(new) in created and new.type is None:
-                new.type = old.type
         old_nodes, between = _in_graph_order(list(m.nodes.values()), root)
+        opset = model.opset if model is not None and model.opset else _DEFAULT_OPSET
+        refused = replacement_conflict(old_nodes, op.nodes, list(root.outputs), outs, opset)
+        return _Plan(root, op, outs, old_nodes, between, self.reported_name(bindings), refused)
+
+    def _commit(self, plan: "_Plan") -> "Replacement":
+        plan.committed = True
+        new_nodes = plan.op.nodes
         # New nodes go before the first replaced node; a value they read that is defined between the
         # replaced nodes would then be read before its definition: the caller re-sorts the graph.
-        needs_sort = any(v is not None and v.producer in between for n in new_nodes for v in n.inputs)
-        graph.replace_nodes(old_nodes, new_nodes, list(root.outputs), outs)
-        return Replacement(old_nodes, new_nodes, needs_sort, name)
+        needs_sort = any(v is not None and v.producer in plan.between for n in new_nodes for v in n.inputs)
+        plan.op.commit()
+        plan.root.graph.replace_nodes(plan.old_nodes, new_nodes, list(plan.root.outputs), plan.outs)
+        return Replacement(plan.old_nodes, new_nodes, needs_sort, plan.name)
 
     def __repr__(self):
         return f"<rule {self.name}: {self.describe_pattern()}>"
@@ -287,6 +310,24 @@ def _root_outputs(pat) -> Optional[List[NodeOutput]]:
     if isinstance(pat, NodeOutput) and pat.node.num_outputs == 1:
         return [pat]
     return None
+
+
+_PLAN = "__passctl_replacement__"
+_DEFAULT_OPSET = 21
+
+
+@dataclass
+class _Plan:
+    """A replacement built by :meth:`RewriteRule._build`, not yet inserted."""
+
+    root: Node
+    op: RewriterBuilder
+    outs: List[Value]
+    old_nodes: List[Node]
+    between: set
+    name: str
+    refused: Optional[str] = None
+    committed: bool = False
 
 
 @dataclass

@@ -181,8 +181,11 @@ class OnnxRuntimeEmitter(Emitter):
         """Write the artifact into ``folder`` (see :meth:`Emitter.write`).
 
         Returns:
-            ``{"emitter", "files", "external_data", "weight_bytes", "session", "load_check"}``
-            where ``load_check`` is ``{"ok", "provider", "seconds", "inputs", "outputs"}``.
+            ``{"emitter", "files", "external_data", "weight_bytes", "session", "load_check",
+            "runtime_only_ops"}`` where ``load_check`` is ``{"ok", "provider", "seconds", "inputs",
+            "outputs"}`` and ``runtime_only_ops`` maps each ``domain::op`` only ONNX Runtime runs
+            to its node count (empty when ``onnx.checker`` knows every op;
+            :func:`passctl.passes.lowering.lower_onnxruntime.runtime_only_ops`).
 
         Raises:
             EmitError: ONNX Runtime cannot load the written model.
@@ -196,5 +199,8 @@ class OnnxRuntimeEmitter(Emitter):
         files = sorted(os.listdir(folder))
         logger.info("onnxruntime artifact: %s (%d weight bytes, external=%s)", files, nbytes,
                     external)
+        from passctl.passes.lowering.lower_onnxruntime import runtime_only_ops
+
         return {"emitter": self.name, "files": files, "external_data": external,
-                "weight_bytes": nbytes, "session": SESSION_FILE, "load_check": load}
+                "weight_bytes": nbytes, "session": SESSION_FILE, "load_check": load,
+                "runtime_only_ops": runtime_only_ops(model)}

@@ -89,3 +89,35 @@ def test_inside_loop_body():
     body = out.graph.node[1].attribute[0].g
     assert [n.op_type for n in body.node] == ["Identity", "Add"]
     assert_same_outputs(proto, out)
+
+
+def test_stale_declared_shape_does_not_make_a_reshape_a_noop():
+    """Case 09's class without infer-shapes first: r is declared [3,2] (value_info) but Relu(x[2,3])
+    computes [2,3], so Reshape(r, [3,2]) changes the shape and stays (ORT runs the original and
+    returns y of shape [3,2])."""
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[3,2] y) <float[3,2] r> {
+            r = Relu (x)
+            shp = Constant <value = int64[2] {3, 2}> ()
+            y = Reshape (r, shp)
+        }""", check=False)
+    _, result, out = apply(proto, EliminateIdentity())
+    assert result.stats["reshape"] == 0
+    assert op_types(out) == ["Relu", "Constant", "Reshape"]
+    assert_same_outputs(proto, out)
+
+
+def test_true_noop_reshape_still_removed():
+    proto = parse("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2,3] x) => (float[2,3] y) <float[2,3] r> {
+            r = Relu (x)
+            shp = Constant <value = int64[2] {2, -1}> ()
+            s = Reshape (r, shp)
+            y = Neg (s)
+        }""")
+    _, result, out = apply(proto, EliminateIdentity())
+    assert result.stats["reshape"] == 1
+    assert op_types(out) == ["Relu", "Constant", "Neg"]
+    assert_same_outputs(proto, out)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
+import onnx
 from helpers import apply, assert_same_outputs, parse
 
 from corpus import CORPUS
-from passctl.ir import DataType, Shape, TensorType, from_onnx, load
+from passctl.ir import DataType, Shape, TensorType, from_onnx, load, to_onnx
 from passctl.passes.common.infer_shapes import InferShapes, merge_types
 
 # r = Reshape(x, [x.shape[0], -1]) through Shape -> Gather -> Concat
@@ -60,9 +63,11 @@ def test_merge_never_loses_precision():
     assert merge_types(None, t(2, 3)) == (t(2, 3), False)
     assert merge_types(t("N", None), t(4, "M")) == (t(4, "M"), False)
     assert merge_types(t(4, 5), t("N", None)) == (None, False)  # existing ints stay
-    assert merge_types(t(4, 5), t(4, 6)) == (None, True)  # two ints differ: conflict, kept
-    assert merge_types(t(4), t(4, 1)) == (None, True)
-    assert merge_types(TensorType(DataType.INT64, Shape((4,))), t(4)) == (None, True)
+    # A conflict proves the declaration wrong: the inferred type replaces it.
+    assert merge_types(t(4, 5), t(4, 6)) == (t(4, 6), True)  # two ints differ
+    assert merge_types(t(4, 5), t(None, 6)) == (t(4, 6), True)  # an uncontradicted dim stays
+    assert merge_types(t(4), t(4, 1)) == (t(4, 1), True)
+    assert merge_types(TensorType(DataType.INT64, Shape((4,))), t(4)) == (t(4), True)
     assert merge_types(TensorType(f), t(1, 2)) == (t(1, 2), False)
 
 
@@ -83,14 +88,43 @@ def test_custom_domain_node_does_not_stop_inference():
     assert values["y"].type == TensorType(DataType.FLOAT, Shape((2, 3)))  # declared, kept
 
 
-def test_declared_output_shape_conflict_is_counted_not_fatal():
+def test_declared_output_shape_conflict_is_replaced_with_a_warning(caplog):
     proto = parse("""
         <ir_version: 8, opset_import: ["" : 17]>
         g (float[2,3] x) => (float[5,5] y) { y = Relu (x) }""", check=False)
     model = from_onnx(proto)
-    result = InferShapes()(model)
+    with caplog.at_level(logging.WARNING, logger="passctl.passes.common.infer_shapes"):
+        result = InferShapes()(model)
     assert result.stats["conflicts"] == 1 and result.stats["inference_failed"] == 0
-    assert model.graph.outputs[0].type == TensorType(DataType.FLOAT, Shape((5, 5)))
+    assert model.graph.outputs[0].type == TensorType(DataType.FLOAT, Shape((2, 3)))
+    assert "'y' is declared f32[5,5] but computes f32[2,3]" in caplog.text
+
+
+def test_case_09_stale_value_info_is_replaced_and_the_reshape_kept():
+    """Case 09-stale-value-info-reshape-removed: r is declared [3,2] but Relu(x[2,3]) is [2,3];
+    cleanup must keep Reshape(r, [3,2]) and the artifact return y of shape [3,2], as ORT on the
+    original does."""
+    from pathlib import Path
+
+    from helpers import assert_same_outputs
+
+    from passctl.passes.manager import PassManager
+    from passctl.passes.pipeline_text import build_pipeline
+    from passctl.support.check import run_onnxruntime
+    from passctl.support.inputs import make_inputs
+
+    path = Path(__file__).resolve().parents[1] / "cases" / "09-stale-value-info-reshape-removed" / "model.onnx"
+    proto = onnx.load(path)
+    model = from_onnx(proto)
+    result = PassManager(build_pipeline("cleanup")).run(model)
+    infer = next(r for r in result.records if r.name == "infer-shapes")
+    assert infer.stats["conflicts"] == 1
+    assert _values(model)["r"].type == TensorType(DataType.FLOAT, Shape((2, 3)))
+    out = to_onnx(model)
+    assert [n.op_type for n in out.graph.node] == ["Relu", "Reshape"]
+    feeds = make_inputs(proto, seed=0)
+    assert run_onnxruntime(out, feeds)["y"].shape == run_onnxruntime(proto, feeds)["y"].shape == (3, 2)
+    assert_same_outputs(proto, out)
 
 
 def test_real_model_fully_typed():

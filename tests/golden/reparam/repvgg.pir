@@ -35,7 +35,7 @@ model ir_version 8 opset {"": 17} producer "" "" {
 #   graph @g(%x: f32[1,1,4,4]) -> (f32[1,1,4,4]) {
 #     %reparam_reparam_weight = init f32[1,1,3,3] dense<0.53019756, -1.0603951, 0.26509878, 2.1207902, 3.241336, -0.53019756, 0.7952963, -2.1207902, 1.0603951>
 #     %reparam_reparam_bias = init f32[1] dense<-0.5632432>
-#     %r = Conv(%x, %reparam_reparam_weight, %reparam_reparam_bias) {kernel_shape = [3, 3], strides = [1, 1], pads = [1, 1, 1, 1], dilations = [1, 1], group = 1}
+#     %r: f32[1,1,4,4] = Conv(%x, %reparam_reparam_weight, %reparam_reparam_bias) {kernel_shape = [3, 3], strides = [1, 1], pads = [1, 1, 1, 1], dilations = [1, 1], group = 1}
 #     %y: f32[1,1,4,4] = Relu(%r)
 #     return %y
 #   }
