@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import VOCAB, tiny_model, word_tokenizer
+from decoder_helpers import VOCAB, tiny_model, word_tokenizer
 from passctl.ir.errors import UserError
 from passctl.targets.onnxruntime.generate import Generator
 from passctl.tools.export_decoder import export_from_transformers

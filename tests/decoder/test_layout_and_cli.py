@@ -12,7 +12,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from helpers import tiny_model, word_tokenizer
+from decoder_helpers import tiny_model, word_tokenizer
 from passctl.ir.errors import UserError
 from passctl.passes.decoder.graph import DYNAMIC_LAYOUT, build_decoder
 from passctl.passes.decoder.layout import detect_layout

@@ -8,7 +8,7 @@ import transformers
 from passctl.ir.errors import UserError
 from passctl.passes.decoder.spec import check_max_length, spec_from_config
 from passctl.tools.export_decoder import export_from_transformers
-from helpers import tiny_model
+from decoder_helpers import tiny_model
 
 
 def _llama(**kw):
