@@ -219,9 +219,10 @@ def test_a_good_artifact_is_verified_and_the_report_says_how(capsys, tmp_path):
     assert list(report).index("verify") == list(report).index("check") + 1
 
 
-def test_a_declaration_the_original_breaks_too_is_noted_not_refused(capsys, tmp_path):
+def test_a_declaration_the_original_breaks_too_is_corrected_not_refused(capsys, tmp_path):
     """ReduceMean(keepdims=0) over every axis returns a scalar where [1] is declared: the
-    original's own declaration is wrong, so the artifact (which returns the same) ships, noted."""
+    original's own declaration is wrong; infer-shapes (in cleanup) replaces the declaration it
+    proves wrong, so the artifact declares what it returns and the verify run passes."""
     graph = helper.make_graph(
         [helper.make_node("ReduceMean", ["x"], ["y"], keepdims=0)], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
@@ -231,6 +232,25 @@ def test_a_declaration_the_original_breaks_too_is_noted_not_refused(capsys, tmp_
     assert run_onnxruntime(path, {"x": np.ones((1, 8), np.float32)})["y"].shape == ()
     out = tmp_path / "out"
     rc, _, err = _cli(capsys, path, "-o", out, "-q")
+    assert rc == 0, err
+    verify = json.loads((out / "report.json").read_text())["verify"]
+    assert verify["ran"] is True and verify["outputs"][0]["shape"] == []
+    declared = onnx.load(str(out / "model.onnx")).graph.output[0].type.tensor_type.shape
+    assert len(declared.dim) == 0  # the corrected declaration: rank 0, as ONNX Runtime returns
+    assert "notes" not in verify
+
+
+def test_a_declaration_the_original_breaks_too_is_noted_when_nothing_corrects_it(capsys, tmp_path):
+    """The same model through -p dce (no infer-shapes): the artifact keeps the original's wrong
+    declaration and returns what the original returns, so it ships, with a note."""
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x"], ["y"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    path = str(tmp_path / "mean.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    out = tmp_path / "out"
+    rc, _, err = _cli(capsys, path, "-p", "dce", "-o", out, "-q")
     assert rc == 0, err
     verify = json.loads((out / "report.json").read_text())["verify"]
     assert verify["ran"] is True and verify["outputs"][0]["shape"] == []
