@@ -1,11 +1,11 @@
 """Differential fuzzer of passctl's pass families (issue 15, build item 8).
 
-Random valid opset-17 graphs (``tests/fuzz/graphs.py``: conv/BN/activations, RepVGG-style branches,
+Random valid opset-17 graphs (``tests/fuzz/fuzz_graphs.py``: conv/BN/activations, RepVGG-style branches,
 MatMul/Gemm + bias, LayerNorm/RMSNorm and GELU/SiLU/HardSwish spellings, attention with MHA/GQA
 heads and every mask form, constant subgraphs, with broadcast-rank, shared-initializer,
 extra-consumer, wrong-axis, keepdims and NaN perturbations) go through ``passctl compile`` per pass
 family, in-process, and the artifact run in ONNX Runtime the way it ships is compared with ONNX
-Runtime on the original at ORT_DISABLE_ALL (``tests/fuzz/runner.py`` says how each run is judged).
+Runtime on the original at ORT_DISABLE_ALL (``tests/fuzz/fuzz_runner.py`` says how each run is judged).
 
     python benchmarks/fuzz.py --graphs 10000                 # every family, seeds 0..9999
     python benchmarks/fuzz.py --graphs 500 --family flash-attn --seed 1000
@@ -28,14 +28,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "fuzz"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from passctl_path import ensure_passctl_importable  # noqa: E402
 
 ensure_passctl_importable()
 
-from fuzz.runner import (FAMILIES, INTERNAL, REFUSED, WRONG, family, grouped,  # noqa: E402
+from fuzz_runner import (FAMILIES, INTERNAL, REFUSED, WRONG, family, grouped,  # noqa: E402
                          run_many)
 
 

@@ -1,6 +1,6 @@
 """The CI slice of the differential fuzzer (issue 15, build item 8): 200 seeded graphs per pass
 family through ``passctl compile`` and ONNX Runtime, 0 WRONG and 0 INTERNAL allowed
-(``benchmarks/fuzz.py`` runs more; ``tests/fuzz/runner.py`` says how a run is judged)."""
+(``benchmarks/fuzz.py`` runs more; ``tests/fuzz/fuzz_runner.py`` says how a run is judged)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 import pytest
 
-from fuzz.graphs import FOCI, generate
-from fuzz.runner import FAMILIES, INTERNAL, WRONG, grouped, run_many
+from fuzz_graphs import FOCI, generate
+from fuzz_runner import FAMILIES, INTERNAL, WRONG, grouped, run_many
 
 GRAPHS = 200
 

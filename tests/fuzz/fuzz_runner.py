@@ -1,4 +1,4 @@
-"""The differential fuzzer: run generated graphs (:mod:`fuzz.graphs`) through ``passctl compile``
+"""The differential fuzzer: run generated graphs (:mod:`fuzz_graphs`) through ``passctl compile``
 per pass family and compare the artifact, run in ONNX Runtime the way it ships (its
 ``session.json`` optimization level), with ONNX Runtime on the original at ``ORT_DISABLE_ALL``.
 
@@ -33,7 +33,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 import onnx
 
-from fuzz.graphs import FuzzGraph, GeneratorError, generate
+from fuzz_graphs import FuzzGraph, GeneratorError, generate
 
 OK, REFUSED, INTERNAL, WRONG = "OK", "REFUSED", "INTERNAL", "WRONG"
 CLASSES = (OK, REFUSED, INTERNAL, WRONG)
@@ -44,7 +44,7 @@ FP32_RTOL, FP32_ATOL = 1e-5, 2.4e-7  # the CLI check's atol: two float32 ulps at
 @dataclass(frozen=True)
 class Family:
     """One pass family: the pipeline text, the target, the graph mix it is fed (a focus of
-    :data:`fuzz.graphs.FOCI`) and whether it is a precision family (bounded by the pass's budget)."""
+    :data:`fuzz_graphs.FOCI`) and whether it is a precision family (bounded by the pass's budget)."""
 
     name: str
     pipeline: str
@@ -94,6 +94,7 @@ class Outcome:
     tags: List[str] = field(default_factory=list)
     seconds: float = 0.0
     unfused: List[str] = field(default_factory=list)
+    changed: bool = False
 
     def line(self) -> str:
         return (f"{self.kind:8s} family={self.family} seed={self.seed} focus={self.focus}: "
@@ -262,20 +263,26 @@ def _judge(fam: Family, g: FuzzGraph, model_path: str, out: str) -> Optional[str
     return None
 
 
-def _attention_counts(out: str) -> Tuple[int, int, List[str]]:
+def _attention_counts(out: str) -> Tuple[int, int, List[str], bool]:
     """(passctl::Attention fused by fuse-attention, attention ops in the artifact, the reasons
-    fuse-attention gives for the Softmax nodes it left)."""
+    fuse-attention gives for the Softmax nodes it left, whether a pass other than the cleanup
+    passes changed the graph)."""
     try:
         with open(os.path.join(out, "report.json")) as f:
             report = json.load(f)
     except (OSError, ValueError):
-        return 0, 0, []
+        return 0, 0, [], False
+    cleanup = ("infer-shapes", "eliminate-identity", "fold-constants", "cse", "dce")
+    changed = any(p.get("modified") and p.get("name") not in cleanup
+                  for p in report.get("passes", [])) or (
+        all(p.get("name") in cleanup for p in report.get("passes", []))
+        and any(p.get("modified") for p in report.get("passes", [])))
     runs = [p.get("stats", {}) for p in report.get("passes", []) if p.get("name") == "fuse-attention"]
     fused = sum(int(st.get("attention", 0) or 0) for st in runs)
     unfused = [str(u) for u in runs[-1].get("unfused", [])] if runs else []
     after = report.get("op_histogram", {}).get("after", {})
     ops = sum(int(n) for op, n in after.items() if op.split("::")[-1].split(".")[-1] in ATTENTION_OPS)
-    return fused, ops, unfused
+    return fused, ops, unfused, changed
 
 
 def run_one(fam: Family, seed: int, work: str, save_dir: Optional[str] = None) -> Outcome:
@@ -295,7 +302,8 @@ def run_one(fam: Family, seed: int, work: str, save_dir: Optional[str] = None) -
         lines = [ln for ln in err.splitlines() if ln.startswith("passctl:") and "reproducer:" not in ln]
         message = _short(lines[-1] if lines else err.strip().splitlines()[-1] if err.strip() else "")
         if rc == 0:
-            outcome.attention_fused, outcome.attention_ops, outcome.unfused = _attention_counts(out)
+            (outcome.attention_fused, outcome.attention_ops, outcome.unfused,
+             outcome.changed) = _attention_counts(out)
             try:
                 why = _judge(fam, g, model_path, out)
             except Exception as e:  # noqa: BLE001
@@ -366,12 +374,13 @@ class Summary:
 
     def table(self) -> str:
         rows = [f"{'family':16s} {'graphs':>6s} " + " ".join(f"{k:>8s}" for k in CLASSES)
-                + "   attention: written / fused / kernel op"]
+                + f" {'changed':>8s}   attention: written / fused / kernel op"]
         for fam in self.families():
             c = self.counts(fam)
             a = self.attention(fam)
+            changed = sum(o.changed for o in self.outcomes if o.family == fam)
             rows.append(f"{fam:16s} {sum(c.values()):6d} " + " ".join(f"{c[k]:8d}" for k in CLASSES)
-                        + f"   {a['with_attention']:5d} / {a['fused']:5d} / {a['attention_op']:5d}")
+                        + f" {changed:8d}   {a['with_attention']:5d} / {a['fused']:5d} / {a['attention_op']:5d}")
         return "\n".join(rows)
 
 

@@ -1,5 +1,5 @@
 """Random valid opset-17 graphs over the op families passctl's passes match, for the differential
-fuzzer (:mod:`fuzz.runner`).
+fuzzer (:mod:`fuzz_runner`).
 
 ``generate(seed, focus)`` builds one small graph from a seeded ``numpy.random.default_rng``: a chain
 of 1-3 blocks (Conv/BatchNormalization/activation, RepVGG/ACNet/DBB branches, MatMul/Gemm + bias,
