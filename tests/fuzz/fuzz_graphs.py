@@ -289,9 +289,17 @@ def repvgg_block(b: _Builder, x: str) -> str:
     b.tag("reparam:" + style)
     branches: List[str] = []
 
+    group = 2 if (c % 2 == 0 and b.chance(0.2)) else 1  # RepVGG-g2 style grouped branches
+    if group > 1:
+        b.tag("grouped")
+
     def conv_bn(k, pads, bn=True, share=None):
-        y = _conv(b, x, c, k, pads, bias=not bn or b.chance(0.2), share=share)
-        return _bn(b, y, c) if bn else y
+        y = _conv(b, x, c, k, pads, group=group, bias=not bn or b.chance(0.2), share=share)
+        if not bn:
+            return y
+        y = _bn(b, y, c)
+        b.maybe_output(y, 0.08)
+        return y
 
     if style == "repvgg":
         branches += [conv_bn((3, 3), [1, 1, 1, 1]), conv_bn((1, 1), [0, 0, 0, 0], bn=b.chance(0.8))]
@@ -778,6 +786,9 @@ def generate(seed: int, focus: str = "mix") -> FuzzGraph:
     for name, value in zip(outputs, values):
         model.graph.output.append(helper.make_tensor_value_info(
             name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)))
+    if rng.random() < 0.3:  # declared (correct) shapes for the intermediate values, as exports have
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+        b.tag("value-info")
     try:
         onnx.checker.check_model(model, full_check=True)
     except Exception as e:  # noqa: BLE001

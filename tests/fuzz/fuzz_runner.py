@@ -11,8 +11,9 @@ Each run is classified (:class:`Outcome`):
   pass's own calibration feeds (``make_inputs`` seeds 0 and 1, where the budget is promised);
 - ``REFUSED``: exit 2, a one-line user-facing refusal;
 - ``INTERNAL``: exit 3 (internal error, failed load check), any other exit code, or an exception;
-- ``WRONG``: exit 0 but the artifact does not load or run, fails ``onnx.checker``, or returns a
-  wrong shape, dtype or numbers.
+- ``WRONG``: exit 0 but the artifact does not load or run, fails ``onnx.checker``, holds over 1.5x
+  the original's constant bytes (low-bit weights folded back to float), or returns a wrong shape,
+  dtype or numbers.
 
 The compile goes through :func:`passctl.tools.cli.main` in-process (the very code path of the
 ``passctl`` command, without a process start per run).
@@ -222,6 +223,9 @@ def _judge(fam: Family, g: FuzzGraph, model_path: str, out: str) -> Optional[str
         onnx.checker.check_model(proto)
     except Exception as e:  # noqa: BLE001
         return f"onnx.checker refuses the artifact: {_short(e, 160)}"
+    grown = _weights_grown(model_path, proto)
+    if grown:
+        return grown
     declared = _declared(proto)
     bounds = None
     if fam.precision:
@@ -260,6 +264,26 @@ def _judge(fam: Family, g: FuzzGraph, model_path: str, out: str) -> Optional[str
                     except Exception:  # noqa: BLE001
                         pass
                 return why
+    return None
+
+
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    total = sum(len(t.raw_data) or onnx.numpy_helper.to_array(t).nbytes
+                for t in model.graph.initializer)
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    total += len(a.t.raw_data) or onnx.numpy_helper.to_array(a.t).nbytes
+    return total
+
+
+def _weights_grown(model_path: str, artifact: onnx.ModelProto) -> Optional[str]:
+    """A reason when the artifact's constants take over 1.5x the original's (and 512 bytes more):
+    e.g. low-bit weights folded back to float32 (issue 15, bug 7)."""
+    before, after = _weight_bytes(onnx.load(model_path)), _weight_bytes(artifact)
+    if after > 1.5 * before and after - before > 512:
+        return f"constants grew from {before} to {after} bytes"
     return None
 
 
