@@ -491,8 +491,7 @@ def _repeat_kv(b: _Builder, kv: str, n_rep: int, how: str, head_axis: int = 1) -
         ex = un.copy()
         ex[head_axis + 1] = n_rep
         e = b.op("Expand", [u, b.const(np.array(ex, np.int64))], tuple(ex))
-        spec = [0, out[1]] + [-1] + [0] * (len(out) - 3) if head_axis == 1 else out
-        spec = [0, out[1], -1, out[3]]
+        spec = [0, out[1], -1, out[3]]  # batch copied (0), key length inferred (-1)
         return b.op("Reshape", [e, b.const(np.array(spec, np.int64))], tuple(out))
     if how == "tile":
         reps = [1] * len(shape)
