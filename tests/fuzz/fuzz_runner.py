@@ -232,38 +232,47 @@ def _judge(fam: Family, g: FuzzGraph, model_path: str, out: str) -> Optional[str
         bounds = _BUDGETS.setdefault(fam.name, _budget(fam, model_path))
     for feeds in _feeds_for(fam, g, model_path):
         ref = _run(model_path, "ORT_DISABLE_ALL", feeds)
-        try:
-            got = _run(art, level, feeds)
-        except Exception as e:  # noqa: BLE001
-            return f"artifact fails in ONNX Runtime at {level}: {_short(e, 200)}"
-        if list(got) != list(ref):
-            return f"outputs {list(got)} != original's {list(ref)}"
-        for name, r in ref.items():
-            a = got[name]
-            if a.shape != r.shape:
-                return f"output {name}: shape {list(a.shape)} != original's {list(r.shape)}"
-            if a.dtype != r.dtype:
-                return f"output {name}: dtype {a.dtype} != original's {r.dtype}"
-            elem, dims = declared.get(name, (None, None))
-            if elem != onnx.helper.np_dtype_to_tensor_dtype(a.dtype) or (
-                    dims is not None and (len(dims) != a.ndim or any(
-                        d is not None and d != s for d, s in zip(dims, a.shape)))):
-                return (f"output {name}: returns {a.dtype}{list(a.shape)} but the artifact "
-                        f"declares {onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else '?'}"
-                        f"{list(dims) if dims is not None else '?'}")
-            why = _compare_budget(r, a, bounds) if fam.precision else _compare_fp32(r, a)
-            if why:
-                why = f"output {name}: {why}"
-                if level != "ORT_DISABLE_ALL":  # triage: ONNX Runtime's optimizer or passctl?
-                    try:
-                        low = _run(art, "ORT_DISABLE_ALL", feeds)[name]
-                        ok = (_compare_budget(r, low, bounds) if fam.precision
-                              else _compare_fp32(r, low)) is None
-                        why += (" (only at " + level + "; fine at ORT_DISABLE_ALL)" if ok
-                                else " (also at ORT_DISABLE_ALL)")
-                    except Exception:  # noqa: BLE001
-                        pass
-                return why
+        why = _differs(fam, ref, art, level, feeds, declared, bounds)
+        if why is None:
+            continue
+        if level != "ORT_DISABLE_ALL":  # triage: passctl's rewrite or ONNX Runtime's optimizer?
+            low = _differs(fam, ref, art, "ORT_DISABLE_ALL", feeds, declared, bounds)
+            orig = _differs(fam, ref, model_path, level, feeds, _declared(onnx.load(model_path)),
+                            bounds)
+            why += (" (also at ORT_DISABLE_ALL)" if low else
+                    f" (only at {level}; fine at ORT_DISABLE_ALL"
+                    + ("; the original breaks too at " + level + ": ONNX Runtime's optimizer)"
+                       if orig else ")"))
+        return why
+    return None
+
+
+def _differs(fam: Family, ref, path: str, level: str, feeds, declared, bounds) -> Optional[str]:
+    """Why the model at ``path`` run at ``level`` disagrees with the reference outputs ``ref``
+    (None when it agrees): it fails, changes the outputs' names, shapes, dtypes, returns what it
+    does not declare, or its numbers differ beyond the family's tolerance."""
+    try:
+        got = _run(path, level, feeds)
+    except Exception as e:  # noqa: BLE001
+        return f"artifact fails in ONNX Runtime at {level}: {_short(e, 200)}"
+    if list(got) != list(ref):
+        return f"outputs {list(got)} != original's {list(ref)}"
+    for name, r in ref.items():
+        a = got[name]
+        if a.shape != r.shape:
+            return f"output {name}: shape {list(a.shape)} != original's {list(r.shape)}"
+        if a.dtype != r.dtype:
+            return f"output {name}: dtype {a.dtype} != original's {r.dtype}"
+        elem, dims = declared.get(name, (None, None))
+        if elem != onnx.helper.np_dtype_to_tensor_dtype(a.dtype) or (
+                dims is not None and (len(dims) != a.ndim or any(
+                    d is not None and d != s for d, s in zip(dims, a.shape)))):
+            return (f"output {name}: returns {a.dtype}{list(a.shape)} but the artifact "
+                    f"declares {onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else '?'}"
+                    f"{list(dims) if dims is not None else '?'}")
+        why = _compare_budget(r, a, bounds) if fam.precision else _compare_fp32(r, a)
+        if why:
+            return f"output {name}: {why}"
     return None
 
 
