@@ -219,13 +219,6 @@ def _judge(fam: Family, g: FuzzGraph, model_path: str, out: str) -> Optional[str
     except (OSError, ValueError) as e:
         return f"artifact folder has no readable session.json: {e}"
     proto = onnx.load(art)
-    try:
-        onnx.checker.check_model(proto)
-    except Exception as e:  # noqa: BLE001
-        return f"onnx.checker refuses the artifact: {_short(e, 160)}"
-    grown = _weights_grown(model_path, proto)
-    if grown:
-        return grown
     declared = _declared(proto)
     bounds = None
     if fam.precision:
@@ -244,7 +237,12 @@ def _judge(fam: Family, g: FuzzGraph, model_path: str, out: str) -> Optional[str
                     + ("; the original breaks too at " + level + ": ONNX Runtime's optimizer)"
                        if orig else ")"))
         return why
-    return None
+    # last, so that an artifact failing them is still judged on its numbers first
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:  # noqa: BLE001
+        return f"onnx.checker refuses the artifact: {_short(e, 160)}"
+    return _weights_grown(model_path, proto)
 
 
 def _differs(fam: Family, ref, path: str, level: str, feeds, declared, bounds) -> Optional[str]:
