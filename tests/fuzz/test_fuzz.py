@@ -4,6 +4,8 @@ family through ``passctl compile`` and ONNX Runtime, 0 WRONG and 0 INTERNAL allo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -34,13 +36,15 @@ def test_fuzz_family(name):
 
 
 def test_fuzz_attention_reaches_flash_attn():
-    """Attention the generator writes in a fusable form reaches fuse-attention after cleanup,fuse
-    (``fuse`` must not take Q.K^T into a FusedMatMul first) and is lowered to an attention op: at
-    least half of the graphs that hold attention get it fused, as they do with flash-attn alone."""
-    summary = run_many([FAMILIES["flash-attn"]], range(60))
-    counts = summary.attention("flash-attn")
-    assert counts["with_attention"] >= 30, counts
-    assert counts["fused"] >= counts["with_attention"] // 2, counts
+    """``fuse`` before ``flash-attn`` must not take attention away from it (e.g. by turning Q.K^T
+    into a FusedMatMul first): on the same graphs, ``cleanup,fuse,flash-attn`` fuses attention in
+    at least 90% of the graphs where ``flash-attn`` alone does, and lowers it to an attention op."""
+    full = FAMILIES["flash-attn"]
+    alone = dataclasses.replace(full, name="flash-attn-alone", pipeline="flash-attn")
+    summary = run_many([full, alone], range(80))
+    a, b = summary.attention("flash-attn"), summary.attention("flash-attn-alone")
+    assert b["fused"] >= 20, b  # the generator writes attention flash-attn recognizes
+    assert a["fused"] >= 0.9 * b["fused"] and a["attention_op"] >= 0.9 * b["fused"], (a, b)
 
 
 @pytest.mark.parametrize("focus", FOCI)
