@@ -274,6 +274,17 @@ def conv_block(b: _Builder, x: str) -> str:
         b.maybe_output(y, 0.15)
     if b.chance(0.7):
         y = activation(b, y)
+    if b.chance(0.1):  # a 2x upsampling ConvTranspose (decoders, segmentation heads)
+        n, c2, h2, w2 = b.shape[y]
+        wt = b.weight((c2, int(b.pick([c2, 4])), 2, 2))
+        cout2 = b.shape[wt][1]
+        ins = [y, wt] + ([b.const(b.rng.uniform(-0.3, 0.3, cout2).astype(_F32), "tb")]
+                         if b.chance(0.5) else [])
+        y = b.op("ConvTranspose", ins, (n, cout2, 2 * h2, 2 * w2), kernel_shape=[2, 2],
+                 strides=[2, 2])
+        b.tag("conv-transpose")
+        if b.chance(0.5):
+            y = _bn(b, y, cout2)
     if b.shape[y] == b.shape[x] and b.chance(0.3):
         y = b.ew_any("Add", y, x)
         b.tag("residual")
@@ -379,6 +390,12 @@ def linear_block(b: _Builder, x: str, gemm: bool = False) -> str:
     if b.chance(0.6):
         b.maybe_output(y, 0.08)
         y = activation(b, y, b.pick(["gelu-erf", "gelu-tanh", "relu", "silu", "hardswish", None]))
+    if len(b.shape[y]) >= 2 and b.shape[y][-2] > 1 and b.chance(0.1):  # Gather rows (a CLS pick)
+        shape = b.shape[y]
+        idx = b.rng.integers(-shape[-2], shape[-2], int(b.pick([1, 2]))).astype(np.int64)
+        y = b.op("Gather", [y, b.const(idx, "idx")], shape[:-2] + (len(idx), shape[-1]),
+                 axis=len(shape) - 2)
+        b.tag("gather")
     return y
 
 
