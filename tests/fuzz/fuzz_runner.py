@@ -74,6 +74,11 @@ EXTRA_FAMILIES: Dict[str, Family] = {f.name: f for f in (
 
 
 def family(name: str) -> Family:
+    """The family called ``name`` in :data:`FAMILIES` or :data:`EXTRA_FAMILIES`.
+
+    Raises:
+        KeyError: no such family (the message lists the known ones).
+    """
     fams = {**FAMILIES, **EXTRA_FAMILIES}
     if name not in fams:
         raise KeyError(f"unknown family '{name}'; known: {', '.join(fams)}")
@@ -122,8 +127,10 @@ def _compile(model_path: str, out: str, fam: Family, work: str) -> Tuple[int, st
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(sout):
         try:
             rc = main(argv)
-        except BaseException as e:  # noqa: BLE001  (main should catch all; say so if not)
+        except Exception as e:  # noqa: BLE001  (main should catch all; say so if not)
             return 99, f"main raised {type(e).__name__}: {e}"
+    if rc == 130:  # main's answer to Ctrl-C: stop the whole fuzz run, not this graph only
+        raise KeyboardInterrupt
     return rc, err.getvalue()
 
 
@@ -165,7 +172,8 @@ def _compare_fp32(ref: np.ndarray, got: np.ndarray) -> Optional[str]:
     r, g = ref[fin].astype(np.float64), got[fin].astype(np.float64)
     err, scale = float(np.abs(r - g).max()), float(np.abs(r).max())
     if err > max(FP32_ATOL, FP32_RTOL * scale):
-        return f"max abs error {err:.3g} > {FP32_RTOL:g} * max|ref| {scale:.3g} (max-rel {err / max(scale, 1e-30):.3g})"
+        return (f"max abs error {err:.3g} > {FP32_RTOL:g} * max|ref| {scale:.3g} "
+                f"(max-rel {err / max(scale, 1e-30):.3g})")
     return None
 
 
