@@ -327,11 +327,13 @@ def _attention_counts(out: str) -> Tuple[int, int, List[str], bool]:
                   for p in report.get("passes", [])) or (
         all(p.get("name") in cleanup for p in report.get("passes", []))
         and any(p.get("modified") for p in report.get("passes", [])))
-    runs = [p.get("stats", {}) for p in report.get("passes", []) if p.get("name") == "fuse-attention"]
+    runs = [p.get("stats", {}) for p in report.get("passes", [])
+            if p.get("name") == "fuse-attention"]
     fused = sum(int(st.get("attention", 0) or 0) for st in runs)
     unfused = [str(u) for u in runs[-1].get("unfused", [])] if runs else []
     after = report.get("op_histogram", {}).get("after", {})
-    ops = sum(int(n) for op, n in after.items() if op.split("::")[-1].split(".")[-1] in ATTENTION_OPS)
+    ops = sum(int(n) for op, n in after.items()
+              if op.split("::")[-1].split(".")[-1] in ATTENTION_OPS)
     return fused, ops, unfused, changed
 
 
@@ -349,8 +351,11 @@ def run_one(fam: Family, seed: int, work: str, save_dir: Optional[str] = None) -
     outcome = Outcome(fam.name, seed, g.focus, OK, attention_written=g.attention, tags=list(g.tags))
     try:
         rc, err = _compile(model_path, out, fam, folder)
-        lines = [ln for ln in err.splitlines() if ln.startswith("passctl:") and "reproducer:" not in ln]
-        message = _short(lines[-1] if lines else err.strip().splitlines()[-1] if err.strip() else "")
+        lines = [ln for ln in err.splitlines()
+                 if ln.startswith("passctl:") and not ln.startswith(("passctl: reproducer:",
+                                                                       "passctl: warning:"))]
+        message = _short(lines[-1] if lines else err.strip().splitlines()[-1] if err.strip()
+                         else "")
         if rc == 0:
             (outcome.attention_fused, outcome.attention_ops, outcome.unfused,
              outcome.changed) = _attention_counts(out)
@@ -429,16 +434,18 @@ class Summary:
             c = self.counts(fam)
             a = self.attention(fam)
             changed = sum(o.changed for o in self.outcomes if o.family == fam)
-            rows.append(f"{fam:16s} {sum(c.values()):6d} " + " ".join(f"{c[k]:8d}" for k in CLASSES)
-                        + f" {changed:8d}   {a['with_attention']:5d} / {a['fused']:5d} / {a['attention_op']:5d}")
+            rows.append(f"{fam:16s} {sum(c.values()):6d} "
+                        + " ".join(f"{c[k]:8d}" for k in CLASSES) + f" {changed:8d}   "
+                        + f"{a['with_attention']:5d} / {a['fused']:5d} / {a['attention_op']:5d}")
         return "\n".join(rows)
 
 
 def run_many(families: Iterable[Family], seeds: Iterable[int], save_dir: Optional[str] = None,
              deadline: Optional[float] = None,
              progress: Optional[Callable[[Outcome], None]] = None) -> Summary:
-    """Every seed through every family (seed-major, so a deadline cuts all families alike); stops at ``deadline``
-    (``time.monotonic()``) if given."""
+    """Every seed through every family (seed-major, so a deadline cuts all families alike);
+    stops at ``deadline`` (``time.monotonic()``) if given. ``save_dir``: where each WRONG or
+    INTERNAL graph is written (:func:`run_one`); ``progress`` is called after every run."""
     summary = Summary()
     seeds = list(seeds)
     with tempfile.TemporaryDirectory(prefix="passctl-fuzz-") as work:
