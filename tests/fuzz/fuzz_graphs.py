@@ -274,7 +274,7 @@ def conv_block(b: _Builder, x: str) -> str:
         b.maybe_output(y, 0.15)
     if b.chance(0.7):
         y = activation(b, y)
-    if b.chance(0.1):  # a 2x upsampling ConvTranspose (decoders, segmentation heads)
+    if b.chance(0.1) and len(b.shape[y]) == 4:  # 2x upsampling ConvTranspose (decoders)
         n, c2, h2, w2 = b.shape[y]
         wt = b.weight((c2, int(b.pick([c2, 4])), 2, 2))
         cout2 = b.shape[wt][1]

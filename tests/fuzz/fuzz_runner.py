@@ -344,6 +344,9 @@ def run_one(fam: Family, seed: int, work: str, save_dir: Optional[str] = None) -
         g = graph_for(fam, seed)
     except GeneratorError as e:
         return Outcome(fam.name, seed, "?", INTERNAL, f"generator: {_short(e)}")
+    except Exception as e:  # noqa: BLE001  (a generator bug: count it, keep fuzzing)
+        return Outcome(fam.name, seed, "?", INTERNAL,
+                       f"generator crashed: {type(e).__name__}: {_short(e)}")
     folder = tempfile.mkdtemp(prefix=f"{fam.name}-{seed}-", dir=work)
     model_path = os.path.join(folder, "model.onnx")
     onnx.save(g.model, model_path)
