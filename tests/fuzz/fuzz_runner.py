@@ -391,7 +391,7 @@ def reason_key(reason: str) -> str:
     """``reason`` with numbers and value names blanked, to group failures of one kind."""
     import re
 
-    text = re.sub(r"'[^']*'", "'_'", reason)
+    text = re.sub(r"'[^'\s]*'", "'_'", reason)
     text = re.sub(r"\b[a-z]{3,4}_\d+\b", "_", text)
     text = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", text)
     return text[:160]
