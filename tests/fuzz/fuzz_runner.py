@@ -11,7 +11,8 @@ Each run is classified (:class:`Outcome`):
   pass's own calibration feeds (``make_inputs`` seeds 0 and 1, where the budget is promised);
 - ``REFUSED``: exit 2, a one-line user-facing refusal;
 - ``INTERNAL``: exit 3 (internal error, failed load check), any other exit code, or an exception;
-- ``WRONG``: exit 0 but the artifact does not load or run, fails ``onnx.checker``, turns low-bit
+- ``WRONG``: exit 0 but the artifact does not load or run, fails ``onnx.checker`` (other than
+  for an op its ``report.json`` names in ``artifact.runtime_only_ops``), turns low-bit
   constants of the original into larger float ones, or returns a wrong shape,
   dtype or numbers.
 
@@ -249,8 +250,26 @@ def _judge(fam: Family, g: FuzzGraph, model_path: str, out: str) -> Optional[str
     try:
         onnx.checker.check_model(proto)
     except Exception as e:  # noqa: BLE001
-        return f"onnx.checker refuses the artifact: {_short(e, 160)}"
+        if not _declared_runtime_only(str(e), out):
+            return f"onnx.checker refuses the artifact: {_short(e, 160)}"
     return _weights_grown(model_path, proto)
+
+
+def _declared_runtime_only(checker_error: str, out: str) -> bool:
+    """Whether ``onnx.checker`` refuses the artifact only for an op without an ONNX schema that
+    the report names as ONNX Runtime-only (``artifact.runtime_only_ops``, issue 15 bug 11: "say
+    in the report when an artifact is ONNX Runtime-only")."""
+    import re
+
+    m = re.search(r"No Op registered for (\S+) with domain_version", checker_error)
+    if not m:
+        return False
+    try:
+        with open(os.path.join(out, "report.json")) as f:
+            declared = json.load(f).get("artifact", {}).get("runtime_only_ops") or {}
+    except (OSError, ValueError):
+        return False
+    return any(key.split("::")[-1] == m.group(1) for key in declared)
 
 
 def _differs(fam: Family, ref, path: str, level: str, feeds, declared, bounds) -> Optional[str]:
