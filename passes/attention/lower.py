@@ -164,8 +164,9 @@ def _attention_bias(ctx: LowerContext, node: Node, boolean_as_bias: bool = True
 
 
 def _reduce(ctx: LowerContext, op_type: str, x: Value, axes) -> Value:
-    """``op_type`` (ReduceMax / ReduceMean) over ``axes`` with keepdims 1, at any opset."""
-    if ctx.opset >= 18:
+    """``op_type`` (ReduceMax / ReduceMean / ReduceSum) over ``axes`` with keepdims 1, at any opset
+    (``axes`` became an input at opset 18, for ReduceSum at 13)."""
+    if ctx.opset >= (13 if op_type == "ReduceSum" else 18):
         return ctx.b.op(op_type, x, _i64(ctx, axes, "attn_axes"), keepdims=1)
     return ctx.b.op(op_type, x, axes=list(axes), keepdims=1)
 
@@ -192,6 +193,35 @@ def _fully_masked_rows(ctx: LowerContext, node: Node, y: Value) -> Value:
     return b.op("Where", keeps_any, y, mean_v)
 
 
+def _finite_fill_keys(ctx: LowerContext, node: Node, k: Value) -> Tuple[Value, Value]:
+    """For a kernel given a finite fill's ``Where(keep, 0, fill)`` bias: ``(k_clean, kept_bad)``.
+
+    The original ``Where(keep, q.k, fill)`` never sees a masked key's score, so a NaN or an
+    infinity in a masked key's K changes nothing; the kernel adds the bias to that score and the
+    row turns NaN. ``k_clean`` is K with its non-finite entries set to 0 (a masked score is then
+    exactly ``fill``, as in the original); ``kept_bad [B, H, S, 1]`` marks the rows that keep a key
+    whose K is not finite, which the original computes as NaN (a NaN score; ``+inf`` gives
+    ``inf - inf``), set to NaN after the kernel. Inexact only where a kept key's score is ``-inf``
+    (an infinite K against a finite Q: the original drops that key)."""
+    b = ctx.b
+    heads, kv_heads = int(node.attr("num_heads")), int(node.attr("kv_num_heads"))
+    dtype = _np_dtype(k)
+    zero = ctx.const(np.array(0, dtype=dtype), "attn_zero")
+    zk = b.op("Mul", k, zero)
+    k_clean = b.op("Where", b.op("IsNaN", zk), zero, k)
+    bad = b.op("Cast", b.op("IsNaN", _reduce(ctx, "ReduceSum", zk, [3])), to=1)  # [B, Hkv, T, 1]
+    bad = b.op("Transpose", repeat_kv(ctx, bad, heads // kv_heads, heads, 1), perm=[0, 1, 3, 2])
+    kept = b.op("Mul", b.op("Cast", _mask(node), to=1), bad)  # [B, H, S, T]
+    kept_bad = b.op("Greater", _reduce(ctx, "ReduceMax", kept, [-1]),
+                    ctx.const(np.array(0, dtype=np.float32), "attn_zero_f32"))
+    return k_clean, kept_bad
+
+
+def _nan_where(ctx: LowerContext, rows: Value, y: Value) -> Value:
+    """``y`` with NaN in the ``rows`` ([B, H, S, 1] bool)."""
+    return ctx.b.op("Where", rows, ctx.const(np.array(np.nan, dtype=_np_dtype(y)), "attn_nan"), y)
+
+
 def _nan_rows(ctx: LowerContext, y: Value, bias: Value) -> Value:
     """``y [B, H, S, Dv]`` of a kernel that gives 0 in a query row whose ``bias`` ([B|1, H|1, S, T])
     is -inf at every key (ONNX Runtime 1.32's CPU Attention-23 and GroupQueryAttention, measured),
@@ -202,9 +232,41 @@ def _nan_rows(ctx: LowerContext, y: Value, bias: Value) -> Value:
     return b.op("Where", none_kept, ctx.const(np.array(np.nan, dtype=_np_dtype(y)), "attn_nan"), y)
 
 
-def _nan_to_zero(ctx: LowerContext, y: Value) -> Value:
-    zero = ctx.const(np.array(0, dtype=_np_dtype(y)), "attn_zero")
+def _zero_probs_out(ctx: LowerContext, node: Node) -> Value:
+    """``0 @ V`` as ``[B, H, 1, Dv]``: what the original ``Where(IsNaN(p), 0, p) @ V`` gives in a
+    row whose probabilities were all NaN: 0 where V's column over the keys is finite, NaN where it
+    holds a NaN or an infinity (``0 * inf`` is NaN), so a kernel's output is fixed exactly whatever
+    V holds: ``ReduceSum(V * 0, keys)``, KV heads repeated to H."""
+    b = ctx.b
+    v = node.inputs[2]
+    heads, kv_heads = int(node.attr("num_heads")), int(node.attr("kv_num_heads"))
+    zero_v = _reduce(ctx, "ReduceSum", b.op("Mul", v, ctx.const(np.array(0, dtype=_np_dtype(v)),
+                                                                "attn_zero")), [2])
+    vd = dims(v)
+    return repeat_kv(ctx, zero_v, heads // kv_heads, heads,
+                     vd[3] if vd is not None and isinstance(vd[3], int) else None)
+
+
+def _nan_to_zero(ctx: LowerContext, y: Value, node: Optional[Node] = None) -> Value:
+    """``nan_to_zero`` on ``y``: the original zeroes NaN probabilities before multiplying with V.
+    ``y`` is the decomposed form's probabilities (``node`` None: NaN -> 0), or a kernel's output
+    ``[B, H, S, Dv]`` (``node`` given): NaN positions become ``0 @ V``
+    (:func:`_zero_probs_out`), which stays NaN where V's column is not finite, as in the
+    original (a NaN in V reaches every row through the product with 0)."""
+    if node is None:
+        zero = ctx.const(np.array(0, dtype=_np_dtype(y)), "attn_zero")
+    else:
+        zero = _zero_probs_out(ctx, node)
     return ctx.b.op("Where", ctx.b.op("IsNaN", y), zero, y)
+
+
+def _masked_rows_zero(ctx: LowerContext, node: Node, y: Value, bias: Value) -> Value:
+    """``y [B, H, S, Dv]`` of a kernel that gives 0 in a query row whose ``bias`` is -inf at every
+    key, with ``0 @ V`` there (:func:`_zero_probs_out`): what ``nan_to_zero``'s original gives, NaN
+    in a column of V that is not finite."""
+    b = ctx.b
+    none_kept = b.op("IsInf", _reduce(ctx, "ReduceMax", bias, [-1]), detect_positive=0)
+    return b.op("Where", none_kept, _zero_probs_out(ctx, node), y)
 
 
 def decomposed(ctx: LowerContext, node: Node) -> Optional[Value]:
@@ -242,7 +304,7 @@ def decomposed(ctx: LowerContext, node: Node) -> Optional[Value]:
     if cast:
         p = b.op("Cast", p, to=int(q.dtype))
     if nan_zero:
-        p = _nan_to_zero(ctx, p)
+        p = _nan_to_zero(ctx, p)  # on the probabilities, as the original
     ctx.form = f"{OP_TYPE}->decomposed"
     return b.op("MatMul", p, v)
 
@@ -262,6 +324,9 @@ def attention23(ctx: LowerContext, node: Node) -> Optional[Value]:
     q, k, v = node.inputs[:3]
     scale, kind, causal, _, _, precision, nan_zero = _attrs(node)
     finite = _finite_fill(node)
+    kept_bad = None
+    if finite:
+        k, kept_bad = _finite_fill_keys(ctx, node, k)
     # NOTE: a boolean mask goes in as a float bias too: the fully masked rows are then found the
     # same way for every mask kind (_nan_rows).
     mask, why = _attention_bias(ctx, node)
@@ -274,11 +339,11 @@ def attention23(ctx: LowerContext, node: Node) -> Optional[Value]:
     y = ctx.b.op("Attention", *ins, scale=scale, is_causal=causal if len(ins) == 3 else 0,
                  softmax_precision=1 if precision == 1 else None)
     if finite:
-        y = _fully_masked_rows(ctx, node, y)
-    elif mask is not None and not nan_zero:
-        y = _nan_rows(ctx, y, mask)
+        y = _nan_where(ctx, kept_bad, _fully_masked_rows(ctx, node, y))
+    elif mask is not None:
+        y = _masked_rows_zero(ctx, node, y, mask) if nan_zero else _nan_rows(ctx, y, mask)
     ctx.form = f"{OP_TYPE}->Attention-23"
-    return _nan_to_zero(ctx, y) if nan_zero else y
+    return _nan_to_zero(ctx, y, node) if nan_zero else y
 
 
 def _to_bsd(ctx: LowerContext, x: Value, heads: int, head_size: Optional[int]) -> Value:
@@ -392,11 +457,13 @@ def group_query_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     ins = _without_trailing_none([q3, k3, v3, None, None, seqlens, total, None, None, None, bias])
     y, _, _ = b.op("GroupQueryAttention", *ins, domain=MS_DOMAIN, outputs=3, num_heads=heads,
                    kv_num_heads=kv_heads, scale=scale)
-    if nan_zero:
-        y = _nan_to_zero(ctx, y)
     ctx.form = f"{OP_TYPE}->com.microsoft::GroupQueryAttention"
     y = _from_bsd(ctx, y, heads)
-    return _nan_rows(ctx, y, bias) if bias is not None and not nan_zero else y
+    if not nan_zero:
+        return _nan_rows(ctx, y, bias) if bias is not None else y
+    if bias is not None:
+        y = _masked_rows_zero(ctx, node, y, bias)
+    return _nan_to_zero(ctx, y, node)
 
 
 def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
@@ -424,6 +491,9 @@ def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     b = ctx.b
     head_size = qd[3] if isinstance(qd[3], int) else None
     n_rep = heads // kv_heads
+    kept_bad = None
+    if _finite_fill(node):
+        k, kept_bad = _finite_fill_keys(ctx, node, k)
     k3 = _to_bsd(ctx, repeat_kv(ctx, k, n_rep, heads, head_size), heads, head_size)
     v3 = _to_bsd(ctx, repeat_kv(ctx, v, n_rep, heads, head_size), heads, head_size)
     q3 = _to_bsd(ctx, q, heads, head_size)
@@ -433,15 +503,13 @@ def multi_head_attention(ctx: LowerContext, node: Node) -> Optional[Value]:
     # left-padded rows (measured on the GPT-2 and LLaMA exports).
     y = b.op("MultiHeadAttention", *ins, domain=MS_DOMAIN, num_heads=heads, scale=scale,
              unidirectional=1 if causal and bias is None else None)
-    if nan_zero and not _finite_fill(node):
-        y = _nan_to_zero(ctx, y)
     ctx.form = f"{OP_TYPE}->com.microsoft::MultiHeadAttention" + (" (kv repeated)" if n_rep > 1 else "")
     y = _from_bsd(ctx, y, heads)
-    if _finite_fill(node):
-        y = _fully_masked_rows(ctx, node, y)
-        if nan_zero:
-            y = _nan_to_zero(ctx, y)
-    return y
+    if kept_bad is not None:
+        y = _nan_where(ctx, kept_bad, _fully_masked_rows(ctx, node, y))
+    # NOTE: the CPU kernel gives NaN in a row a -inf bias masks entirely and where Q or K holds a
+    # NaN, as the original's softmax does (measured), so only nan_to_zero needs a fix-up.
+    return _nan_to_zero(ctx, y, node) if nan_zero else y
 
 
 # NOTE: the first function that returns a value wins: Attention-23 only exists from opset 23;

@@ -64,3 +64,18 @@ def test_generated_graphs_are_valid_and_seeded(focus):
         assert a.feeds.keys() == b.feeds.keys()
         for k in a.feeds:
             np.testing.assert_array_equal(a.feeds[k], b.feeds[k])
+
+
+# The fuzzer's NaN / fully-masked-row graphs of the attention lowerings (MultiHeadAttention with
+# nan_to_zero and V not finite; a finite Where fill with a NaN in a masked key's K; -inf masks with
+# fully masked rows): each once WRONG on main, kept as a quick regression slice.
+NAN_ATTENTION_SEEDS = (13, 43, 61, 102, 325, 336, 390, 529, 598, 667, 949, 960)
+
+
+@pytest.mark.parametrize("seed", NAN_ATTENTION_SEEDS)
+def test_attention_nan_and_masked_row_regressions(seed, tmp_path):
+    from fuzz_runner import OK, run_one
+
+    outcome = run_one(FAMILIES["flash-attn"], seed, str(tmp_path))
+    assert outcome.kind == OK, outcome.line()
+    assert outcome.attention_ops >= 1, outcome.line()  # a kernel form was taken, not the decomposed one
