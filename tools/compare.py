@@ -433,7 +433,44 @@ def _worst(report: CompareReport, n: int) -> List[Pair]:
 
 
 def _anchor(name: str) -> str:
-    return "n-" + "".join(ch if ch.isalnum() else "_" for ch in name)
+    """The page's element id of the IR line defining tensor ``name`` (hex, so any name is safe)."""
+    return "t-" + name.encode("utf-8").hex()
+
+
+_DEFINED = None
+
+
+def _defined_values(line: str) -> List[str]:
+    """The value names an IR text line defines (``%a: T, %b: T = Op(...)``)."""
+    import re
+
+    global _DEFINED
+    if _DEFINED is None:
+        _DEFINED = re.compile(r'%("(?:[^"\\]|\\.)*"|[^\s:,=()]+)')
+    lhs, sep, _ = line.strip().partition(" = ")
+    if not sep or not lhs.startswith("%"):
+        return []
+    names = []
+    for tok in _DEFINED.findall(lhs):
+        names.append(json.loads(tok) if tok.startswith('"') else tok)
+    return names
+
+
+def _ir_html(report: CompareReport) -> str:
+    """The IR text, each line that defines a paired candidate tensor carrying that tensor's
+    anchor (so the table's and the plot's links land on the node)."""
+    targets = {p.candidate for p in report.paired if p.candidate}
+    lines = []
+    for line in report.ir_text.splitlines():
+        esc = html.escape(line)
+        hits = [v for v in _defined_values(line) if v in targets]
+        if hits:
+            ids = "".join(f'<span id="{_anchor(v)}"></span>' for v in hits[1:])
+            lines.append(f'<span id="{_anchor(hits[0])}">{ids}{esc}</span>')
+            targets.difference_update(hits)
+        else:
+            lines.append(esc)
+    return "\n".join(lines)
 
 
 def _svg_plot(report: CompareReport, width: int = 720, height: int = 260) -> str:
@@ -462,31 +499,14 @@ def _svg_plot(report: CompareReport, width: int = 720, height: int = 260) -> str
     parts.append(f'<path d="{path}" fill="none" stroke="#36c"/>')
     for (i, e), l, p in zip(pts, logs, report.paired):
         x, y = xy(i, l)
-        parts.append(f'<a href="#{_anchor(p.candidate_node or p.candidate)}"><circle class="pt" '
-                     f'cx="{x:.1f}" cy="{y:.1f}" r="3" fill="#36c"><title>'
+        color = "red" if p is report.jump else "#36c"
+        parts.append(f'<a href="#{_anchor(p.candidate)}"><circle class="pt" '
+                     f'cx="{x:.1f}" cy="{y:.1f}" r="{5 if p is report.jump else 3}" fill="{color}"><title>'
                      f'{html.escape(p.original)}: {e:.3g}</title></circle></a>')
     parts.append(f'<text x="{m}" y="{m - 10}" font-size="12">log10 {report.metric} '
                  f'[{lo:.1f}, {hi:.1f}] against depth (0..{xmax})</text>')
     parts.append("</svg>")
     return "".join(parts)
-
-
-def _ir_html(report: CompareReport) -> str:
-    """The IR text, each line that defines a paired candidate node anchored by the node's name."""
-    targets = {p.candidate_node for p in report.paired if p.candidate_node}
-    lines = []
-    for line in report.ir_text.splitlines():
-        esc = html.escape(line)
-        hit = next((t for t in targets if f'"{t}"' in line or f" {t} " in line or
-                    line.rstrip().endswith(t)), None)
-        if hit is not None:
-            lines.append(f'<span id="{_anchor(hit)}">{esc}</span>')
-            targets.discard(hit)
-        else:
-            lines.append(esc)
-    # nodes the printer did not name on a line of their own still get a target
-    extra = "".join(f'<span id="{_anchor(t)}"></span>' for t in sorted(targets))
-    return "\n".join(lines) + extra
 
 
 def write_html(report: CompareReport, path: str, rows: int = 30) -> None:
@@ -502,7 +522,7 @@ def write_html(report: CompareReport, path: str, rows: int = 30) -> None:
     for p in _worst(report, rows):
         rows_html.append(
             f"<tr><td>{p.index}</td><td>{html.escape(p.original)}</td>"
-            f"<td><a href=\"#{_anchor(p.candidate_node or p.candidate)}\">"
+            f"<td><a href=\"#{_anchor(p.candidate)}\">"
             f"{html.escape(p.candidate or '')}</a></td><td>{html.escape(p.candidate_op or '')}</td>"
             f"<td>{_fmt(p.diff.max_abs)}</td><td>{_fmt(p.diff.max_rel)}</td>"
             f"<td>{_fmt(p.diff.mean_rel)}</td><td>{_fmt(p.diff.cosine)}</td></tr>")
