@@ -23,9 +23,10 @@ from passctl.passes.instruments import CheckEach
 
 
 class _Broke(Exception):
-    def __init__(self, pass_, index: int, before, result):
+    def __init__(self, pass_, index: int, before, result, stats):
         super().__init__(pass_.name)
         self.pass_, self.index, self.before, self.result = pass_, index, before, result
+        self.stats = stats
 
 
 def lowered_outputs(model, inputs: Dict[str, Any]) -> Dict[str, Any]:
@@ -56,7 +57,7 @@ class BoundCheck(CheckEach):
         result = self.evaluate(model)
         self.results.append((record.index, pass_.name, result))
         if not self.ok(result):
-            raise _Broke(pass_, record.index, self._before, result)
+            raise _Broke(pass_, record.index, self._before, result, record.stats)
 
 
 def _error(check: BoundCheck, result) -> str:
@@ -107,6 +108,8 @@ def bisect(model_path: str, pipeline: str, target: str, metric: str, bound: floa
     else:
         return {"pass": None}
     p = broke.pass_
+    if p.name == "mixed-precision":
+        return _step_precision(found, broke, check)
     if not isinstance(p, RuleSet):
         found["note"] = (f"pass '{p.name}' is not a rule set; it is not stepped one rewrite at a "
                          "time (the model before it is in before.pir)")
@@ -143,6 +146,58 @@ def bisect(model_path: str, pipeline: str, target: str, metric: str, bound: floa
                           "op": root.op_type, "provenance": list(union_provenance(old_nodes)),
                           "replaced": [_node_text(n) for n in old_nodes],
                           "new": [_node_text(n) for n in new_nodes]})
+    return found
+
+
+def _step_precision(found: Dict[str, Any], broke: _Broke, check: BoundCheck) -> Dict[str, Any]:
+    """Stage 2 for ``mixed-precision`` (amp): the nodes it made fp16/bf16 (its ``nodes``
+    statistics), applied to the model before it one more at a time in graph order
+    (:func:`passctl.passes.precision.casts.apply_precision`, the pass's own writer, with its
+    emulation and ``keep_io``); the least prefix that breaks the bound names the layer."""
+    from passctl.passes._snapshot import clone_model
+    from passctl.passes.precision.casts import apply_precision
+    from passctl.passes.precision.cpu_kernels import needs_emulation
+    from passctl.passes.precision.rules import LOW_DTYPES
+
+    p, stats = broke.pass_, broke.stats
+    low = LOW_DTYPES[stats["dtype"]]
+    lowered = {e["name"] for e in stats.get("nodes", ()) if e.get("precision") != "fp32"}
+
+    def key(i: int, n) -> str:
+        return n.name or f"{n.op_type}@{i}"
+
+    order = [key(i, n) for i, n in enumerate(broke.before.graph) if key(i, n) in lowered]
+
+    def run_k(k: int):
+        m = clone_model(broke.before)
+        chosen = set(order[:k])
+        nodes = [n for i, n in enumerate(m.graph) if key(i, n) in chosen]
+        opset = m.opset
+        emulate = (lambda n: needs_emulation(n, opset)) if p._emulated() else None
+        if nodes:
+            apply_precision(m, nodes, low, emulate, p.options.keep_io)
+        return m, nodes
+
+    lo, hi = 0, len(order)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if check.ok(check.evaluate(run_k(mid)[0])):
+            lo = mid
+        else:
+            hi = mid
+    if not order:
+        found["note"] = "mixed-precision changed no node's precision"
+        found["before"] = broke.before
+        return found
+    before, _ = run_k(hi - 1)
+    after, _ = run_k(hi)
+    node = next(n for i, n in enumerate(broke.before.graph) if key(i, n) == order[hi - 1])
+    found.update(k=hi, before=before, after=after,
+                 error_before=_error(check, check.evaluate(before)),
+                 error_after=_error(check, check.evaluate(after)),
+                 rewrite={"rule": f"precision {stats['dtype']}", "node": order[hi - 1],
+                          "op": node.op_type, "provenance": list(node.provenance),
+                          "replaced": [_node_text(node)], "new": []})
     return found
 
 
