@@ -127,10 +127,16 @@ def main(args, console) -> int:
     b, _ = load_model(args.b)
     changes = diff_models(a, b)
     counts: Dict[str, int] = {}
+    folded = 0
     for c in changes:
         counts[c["kind"]] = counts.get(c["kind"], 0) + 1
-        if args.all or c["kind"] != "unchanged":
+        if not args.all and c["kind"] == "removed" and c["before"] == ["Constant"]:
+            folded += 1  # a nameless Constant (a weight) folded into an initializer: one line
+        elif args.all or c["kind"] != "unchanged":
             console.print(_line(c), markup=False, highlight=False)
+    if folded:
+        console.print(f"- removed   {folded} nameless Constant nodes (weights; --all lists them)",
+                      markup=False, highlight=False)
     console.print(", ".join(f"{counts.get(k, 0)} {k}" for k in
                             ("changed", "rewritten", "removed", "added", "unchanged")),
                   markup=False, highlight=False)
