@@ -8,12 +8,14 @@ replaced). An original tensor ``T`` (an output of original node ``o``) may pair 
 dtype class (float with float, any precision, so fp16/bf16 amp and int8 QDQ graphs compare; else
 the same dtype). Among those, a candidate tensor with ``T``'s own name wins; else ``c`` and ``T``
 must agree on whether they leave their fusion group (a consumer outside the candidate node's
-provenance, or a graph output): a tensor that leaves the group pairs with the last candidate tensor
-that leaves it (after amp's Cast back, say); a tensor internal to the group pairs only when the
-group holds exactly one such original tensor and one such candidate tensor of that shape (else it is
-ambiguous and reported as fused away: never paired with a stranger). An original tensor no
-candidate node descends from is ``removed`` (folded or dead); one whose node lives on inside a
-fused node but has no partner is ``fused away``.
+provenance, or a graph output). A tensor that leaves its group pairs with a candidate tensor that
+leaves it towards a consumer of the same provenance (the last one, after amp's Cast back, say), or
+with the group's lone leaving tensor of that shape. A tensor internal to the group (read only inside
+it) pairs only with a candidate tensor of its own name: a fused op's lowering computes its
+intermediates in another order (attention scales Q before Q.K^T, Gelu halves last), so an internal
+tensor of the same op and shape may hold other values. The rest are reported as fused away, never
+paired with a stranger. An original tensor no candidate node descends from is ``removed`` (folded
+or dead); one whose node lives on inside a fused node but has no partner is ``fused away``.
 
 Errors are :func:`passctl.support.check._diff_one`'s, in float64: max-abs, max-rel (over the
 reference's largest magnitude), mean-rel and cosine.
@@ -181,12 +183,24 @@ def pair_tensors(original_proto, candidate, ref: Dict[str, np.ndarray],
         prov = set(v.producer.provenance)
         return v.name in c_outputs or any(not set(u.provenance) <= prov for u in v.consumers())
 
+    def c_outside(v) -> set:
+        prov = set(v.producer.provenance)
+        out = {"<graph output>"} if v.name in c_outputs else set()
+        for u in v.consumers():
+            if not set(u.provenance) <= prov:
+                out.update(set(u.provenance) - prov)
+        return out
+
+    def o_outside(name: str, v) -> set:
+        prov = set(v.producer.provenance)
+        out = {"<graph output>"} if name in out_names else set()
+        return out | {k for k in consumers.get(name, ()) if k not in prov}
+
     def o_leaves(name: str, prov: set) -> bool:
         return name in out_names or any(k not in prov for k in consumers.get(name, ()))
 
     pairs: List[Pair] = []
     used: set = set()
-    pending_internal: List[Tuple[Pair, List[Any]]] = []
     for index, (key, n) in enumerate(onodes):
         if n.op_type == "Constant" and not n.domain:
             continue  # a weight, not a computed tensor
@@ -216,24 +230,16 @@ def pair_tensors(original_proto, candidate, ref: Dict[str, np.ndarray],
                 continue
             leaving = [v for v in options if c_leaves(v)]
             if o_leaves(name, set(options[0].producer.provenance)):
-                # the tensor leaves its group: the last candidate tensor leaving it carries it
+                # the tensor leaves its group: a candidate tensor leaving it towards the same
+                # consumers carries it (the last one: after amp's Cast back, say); without a
+                # shared consumer only a lone candidate does
                 leaving = [v for v in leaving if o_leaves(name, set(v.producer.provenance))]
                 free = [v for v in leaving if v.name not in used]
-                if free:
-                    _accept(pair, max(free, key=lambda v: c_position[v.name][0]), got, a, used)
-            else:
-                internal = [v for v in options if not c_leaves(v)]
-                pending_internal.append((pair, internal))
-    # an internal tensor pairs only when its group has one such original tensor and one candidate
-    groups: Dict[Tuple[Any, ...], List[Pair]] = {}
-    for pair, internal in pending_internal:
-        groups.setdefault(tuple(sorted({v.name for v in internal})), []).append(pair)
-    for pair, internal in pending_internal:
-        free = [v for v in internal if v.name not in used]
-        key = tuple(sorted({v.name for v in internal}))
-        same_shape = [p for p in groups[key] if p.shape == pair.shape]
-        if len(free) == 1 and len(internal) == 1 and len(same_shape) == 1:
-            _accept(pair, free[0], got, ref[pair.original], used)
+                shared = [v for v in free if c_outside(v) & o_outside(name, v)]
+                if shared:
+                    _accept(pair, max(shared, key=lambda v: c_position[v.name][0]), got, a, used)
+                elif len(free) == 1 and len(leaving) == 1:
+                    _accept(pair, free[0], got, a, used)
     return pairs
 
 

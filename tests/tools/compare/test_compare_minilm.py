@@ -165,3 +165,28 @@ def test_diff_of_original_and_the_rewritten_ir_names_the_epsilon_change(bisected
     assert len(changed) == 1
     assert f"'{first_layernorm[0].name}'" in changed[0]
     assert "epsilon: 1e-12" in changed[0] and "-> (absent)" in changed[0]
+
+
+def test_compare_runs_passctl_only_ops_through_lowering_and_pairs_no_stranger(minilm, tmp_path):
+    """fuse-layernorm/-gelu/-attention leave passctl::SkipLayerNorm, Gelu and Attention (ONNX
+    Runtime has no kernel for them): compare runs them through lower-standard. The pipeline is
+    exact in float32, so a paired tensor whose values differ is a stranger; the attention
+    lowering's Q.K^T (Q scaled first) and Gelu's products (halved last) are such strangers if
+    paired by op and shape, and must be reported fused away instead."""
+    from passctl.tools.compare import load_candidate
+
+    pipeline = "cleanup,fuse-layernorm,fuse-gelu,fuse-attention"
+    model, _ = load_candidate(minilm, None, pipeline)
+    assert {n.op_type for n in model.graph if n.domain == "passctl"} >= {"Attention", "Gelu"}
+    rc, _, err = _run(["compare", minilm, "-p", pipeline, *DIMS, "-o", tmp_path])
+    assert rc == 0, err
+    with open(tmp_path / "compare.json") as f:
+        report = json.load(f)
+    paired = [t for t in report["tensors"] if t["status"] == "paired"]
+    assert len(paired) > 100
+    assert all(t["max_rel"] <= 1e-5 or t["max_abs"] <= 2.4e-7 for t in paired), \
+        [t["original"] for t in paired if t["max_rel"] > 1e-5]
+    assert report["first_jump"] is None
+    by_name = {t["original"]: t for t in report["tensors"]}
+    assert by_name["/model/encoder/layer.0/attention/self/MatMul_output_0"]["status"] == \
+        "fused-away"
