@@ -206,3 +206,22 @@ def test_compare_bad_bound_is_one_line_user_error(cli, tmp_path):
     assert not os.path.exists(tmp_path / "o")
     res = cli("compare", model, "-o", tmp_path / "o")
     assert res.rc == 2 and "give the candidate" in res.err
+
+
+def test_compare_int8_qdq_graph_pairs_dequantized_tensors(det, cli, tmp_path):
+    """PP-OCRv4 det quantized to int8 QDQ (budget raised so layers go int8 on random feeds): the
+    original's tensors pair with the candidate's float tensors after DequantizeLinear, same
+    shapes, and no pair is a stranger (cosine > 0.9 on every pair: int8 keeps a tensor's direction,
+    two different tensors of a CNN do not share it)."""
+    dims = ";".join(f"{k}={v}" for k, v in DIMS.items())
+    res = cli("compare", det, "-p", f"cleanup,fuse,quantize{{dims={dims},budget=1}}", *DIM_ARGS,
+              "--bound", "mean-rel=0.05", "-o", tmp_path)
+    assert res.rc == 0, res.err
+    with open(tmp_path / "compare.json") as f:
+        report = json.load(f)
+    paired = [t for t in report["tensors"] if t["status"] == "paired"]
+    assert any(t["candidate_op"] == "DequantizeLinear" for t in paired)
+    ref = run_all_tensors(onnx.load(det), make_inputs(det, seed=0, dim_values=DIMS))
+    for t in paired:
+        assert t["shape"] == list(ref[t["original"]].shape)
+        assert t["cosine"] > 0.9, t
