@@ -63,7 +63,10 @@ class BoundCheck(CheckEach):
 def _error(check: BoundCheck, result) -> str:
     metric, bound = check.bounds[0]
     worst = max((d.error(metric) for d in result.outputs.values()), default=0.0)
-    return f"{metric} {worst:.3g} (bound {bound:g})"
+    max_abs = max((d.max_abs for d in result.outputs.values()), default=0.0)
+    verdict = "within" if check.ok(result) else "breaks"
+    floor = f" or max-abs {check.atol:g}" if worst > bound and check.ok(result) else ""
+    return f"{metric} {worst:.3g}, max-abs {max_abs:.3g} ({verdict} {metric} {bound:g}{floor})"
 
 
 def _node_text(node) -> Dict[str, Any]:
@@ -110,6 +113,8 @@ def bisect(model_path: str, pipeline: str, target: str, metric: str, bound: floa
     p = broke.pass_
     if p.name == "mixed-precision":
         return _step_precision(found, broke, check)
+    if p.name == "quantize-int8":
+        return _step_quantize(found, broke, check)
     if not isinstance(p, RuleSet):
         found["note"] = (f"pass '{p.name}' is not a rule set; it is not stepped one rewrite at a "
                          "time (the model before it is in before.pir)")
@@ -198,6 +203,52 @@ def _step_precision(found: Dict[str, Any], broke: _Broke, check: BoundCheck) -> 
                  rewrite={"rule": f"precision {stats['dtype']}", "node": order[hi - 1],
                           "op": node.op_type, "provenance": list(node.provenance),
                           "replaced": [_node_text(node)], "new": []})
+    return found
+
+
+def _step_quantize(found: Dict[str, Any], broke: _Broke, check: BoundCheck) -> Dict[str, Any]:
+    """Stage 2 for ``quantize-int8``: the pass rerun on the model before it with ``max_layers = k``
+    (its stepping hook: int8 for the first ``k`` of the layers its search chose, in graph order);
+    the least ``k`` that breaks the bound names the layer (the pass's ``layers`` statistics give
+    the chosen layers' names)."""
+    from passctl.passes._snapshot import clone_model
+
+    p, stats = broke.pass_, broke.stats
+    # its ``layers`` rows: skipped nodes first (with a ``why``), then its layers in graph order
+    chosen = [e["name"] for e in stats.get("layers", ())
+              if e.get("precision") == "int8" and "why" not in e]
+
+    def run_k(k: int):
+        m = clone_model(broke.before)
+        p.max_layers = k
+        try:
+            p(m)
+        finally:
+            p.max_layers = None
+        return m
+
+    if not chosen:
+        found["note"] = "quantize-int8 made no layer int8"
+        found["before"] = broke.before
+        return found
+    lo, hi = 0, len(chosen)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if check.ok(check.evaluate(run_k(mid))):
+            lo = mid
+        else:
+            hi = mid
+    before, after = run_k(hi - 1), run_k(hi)
+    name = chosen[hi - 1]
+    node = next((n for n in broke.before.graph if name in (n.name, *n.provenance)), None)
+    found.update(k=hi, before=before, after=after,
+                 error_before=_error(check, check.evaluate(before)),
+                 error_after=_error(check, check.evaluate(after)),
+                 rewrite={"rule": "int8", "node": name,
+                          "op": node.op_type if node is not None else "?",
+                          "provenance": list(node.provenance) if node is not None else [],
+                          "replaced": [_node_text(node)] if node is not None else [],
+                          "new": []})
     return found
 
 

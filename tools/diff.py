@@ -5,7 +5,8 @@ Matching. Every node carries ``provenance``, the source-model node names it came
 ``A`` and ``B`` that share a source name are linked; each connected group of linked nodes is one
 change: one node on each side with the same op and attributes is ``unchanged`` (even when renamed),
 with another op or attributes ``changed`` (the attribute differences listed); several nodes on
-either side ``rewritten`` (e.g. ``Add, LayerNormalization -> passctl::SkipLayerNorm``); nodes only
+either side ``rewritten`` (e.g. ``Add, LayerNormalization -> passctl::SkipLayerNorm``; the same
+ops, names and attributes on both sides are ``unchanged``); nodes only
 in ``A`` are ``removed``, only in ``B`` ``added`` (a node without provenance is matched by
 nothing). Main graphs only.
 """
@@ -34,6 +35,10 @@ def _attr_text(a) -> str:
 
 def _attrs(node) -> Dict[str, str]:
     return {k: _attr_text(a) for k, a in sorted(node.attributes.items())}
+
+
+def _signature(node) -> tuple:
+    return node.domain, node.op_type, node.name, tuple(_attrs(node).items())
 
 
 def _label(node) -> str:
@@ -89,7 +94,8 @@ def diff_models(a, b) -> List[Dict[str, Any]]:
             if attrs:
                 change["attributes"] = attrs
         else:
-            change["kind"] = "rewritten"
+            same = sorted(_signature(n) for n in left) == sorted(_signature(n) for n in right)
+            change["kind"] = "unchanged" if same else "rewritten"
         changes.append(change)
     changes.sort(key=lambda c: c.pop("_order"))
     return changes
