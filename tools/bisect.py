@@ -315,9 +315,11 @@ def add_parser(sub) -> None:
 def main(args, console) -> int:
     from passctl.passes.registry import load_plugin_file
     from passctl.support.inputs import make_inputs
-    from passctl.tools.compare import load_inputs, parse_bound, parse_dims
+    from passctl.tools.compare import check_output_folder, load_inputs, parse_bound, parse_dims
 
     metric, bound = parse_bound(args.bound)
+    folder = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".bisect"
+    check_output_folder(folder)
     for path in args.load:
         load_plugin_file(path)
     if not os.path.isfile(args.model):
@@ -341,7 +343,6 @@ def main(args, console) -> int:
         say(f"error before it {found['error_before']}, after it {found['error_after']}")
     elif found.get("note"):
         say(found["note"])
-    folder = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".bisect"
     write_reproducer(found, folder, args.model, inputs, metric, bound)
     say(f"reproducer: {folder}")
     return 0

@@ -622,8 +622,15 @@ def load_inputs(path: Optional[str]) -> Optional[Dict[str, np.ndarray]]:
                         "output keyed by input name") from e
 
 
+def check_output_folder(path: str, option: str = "-o") -> None:
+    """Raises UserError: ``path`` exists and is not a folder (checked before any run)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"{option} '{path}' is a file; give a folder for the report")
+
+
 def main(args, console) -> int:
     metric, bound = parse_bound(args.bound)
+    check_output_folder(args.output)
     if not os.path.isfile(args.original):
         raise UserError(f"'{args.original}' is not a file; give the original .onnx")
     model, label = load_candidate(args.original, args.candidate, args.pipeline, args.target,

@@ -225,3 +225,5 @@ def test_compare_int8_qdq_graph_pairs_dequantized_tensors(det, cli, tmp_path):
     for t in paired:
         assert t["shape"] == list(ref[t["original"]].shape)
         assert t["cosine"] > 0.9, t
+    res = cli("bisect", model, "-p", "cleanup", "--bound", "max-rel=1e-4", "-o", model)
+    assert res.rc == 2 and "is a file" in res.err and len(res.err.splitlines()) == 1
