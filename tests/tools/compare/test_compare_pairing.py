@@ -206,6 +206,8 @@ def test_compare_bad_bound_is_one_line_user_error(cli, tmp_path):
     assert not os.path.exists(tmp_path / "o")
     res = cli("compare", model, "-o", tmp_path / "o")
     assert res.rc == 2 and "give the candidate" in res.err
+    res = cli("bisect", model, "-p", "cleanup", "--bound", "max-rel=1e-4", "-o", model)
+    assert res.rc == 2 and "is a file" in res.err and len(res.err.splitlines()) == 1
 
 
 def test_compare_int8_qdq_graph_pairs_dequantized_tensors(det, cli, tmp_path):
@@ -225,5 +227,3 @@ def test_compare_int8_qdq_graph_pairs_dequantized_tensors(det, cli, tmp_path):
     for t in paired:
         assert t["shape"] == list(ref[t["original"]].shape)
         assert t["cosine"] > 0.9, t
-    res = cli("bisect", model, "-p", "cleanup", "--bound", "max-rel=1e-4", "-o", model)
-    assert res.rc == 2 and "is a file" in res.err and len(res.err.splitlines()) == 1
