@@ -6,7 +6,8 @@ original nodes it came from (``Graph.replace_nodes`` gives a fused node the unio
 replaced). An original tensor ``T`` (an output of original node ``o``) may pair only with an output
 ``c`` of a candidate node whose provenance contains ``o``, of the same runtime shape and of the same
 dtype class (float with float, any precision, so fp16/bf16 amp and int8 QDQ graphs compare; else
-the same dtype). Among those, a candidate tensor with ``T``'s own name wins; else ``c`` and ``T``
+the same dtype). A graph output pairs with the candidate's graph output of its name (the
+interface, whoever computes it now). Among the candidates, one with ``T``'s own name wins; else ``c`` and ``T``
 must agree on whether they leave their fusion group (a consumer outside the candidate node's
 provenance, or a graph output). A tensor that leaves its group pairs with a candidate tensor that
 leaves it towards a consumer of the same provenance (the last one, after amp's Cast back, say), or
@@ -174,10 +175,11 @@ def pair_tensors(original_proto, candidate, ref: Dict[str, np.ndarray],
     for n in cnodes:
         for p in n.provenance:
             by_source.setdefault(p, []).append(n)
-    c_position = {}
+    c_position, c_values = {}, {}
     for i, n in enumerate(cnodes):
         for v in n.outputs:
             c_position[v.name] = (i, n)
+            c_values[v.name] = v
 
     def c_leaves(v) -> bool:
         prov = set(v.producer.provenance)
@@ -212,6 +214,13 @@ def pair_tensors(original_proto, candidate, ref: Dict[str, np.ndarray],
                         dtype=str(a.dtype))
             pairs.append(pair)
             descendants = by_source.get(key, [])
+            if name in out_names and name in c_outputs and name in c_values:
+                # a graph output keeps its name (the interface), whoever computes it now (an
+                # eliminated Identity's output is its producer's)
+                b = got.get(name)
+                if b is not None and b.shape == a.shape and _dtype_class_equal(a, b):
+                    _accept(pair, c_values[name], got, a, used)
+                    continue
             if not descendants:
                 continue
             pair.status = "fused-away"
