@@ -4,8 +4,9 @@ result breaks a numeric bound against the original.
 Stage 1 runs the pipeline under :class:`BoundCheck` (``--check-each``'s :class:`CheckEach`, whose
 check after each pass runs passctl-only ops through ``lower-standard`` so every stage runs in
 ONNX Runtime) and stops at the first pass whose model breaks the bound. Stage 2, for a rule-set
-pass (:class:`passctl.passes.rewrite.ruleset.RuleSet`), reruns that pass on the model before it
-with ``max_rewrites = k`` and finds by bisection the least ``k`` whose result breaks the bound: the
+pass (:class:`passctl.passes.rewrite.ruleset.RuleSet`) or a lowering
+(:class:`passctl.passes.lowering.table.Lowering`: one node lowered per step), reruns that pass on
+the model before it with ``max_rewrites = k`` and finds by bisection the least ``k`` whose result breaks the bound: the
 ``k``-th rule application is the culprit (the bound held after ``k - 1``). A reproducer folder holds
 ``before.pir`` (after ``k - 1`` applications), ``after.pir`` (after the ``k``-th), ``rewrite.json``
 (rule, root node, provenance, replaced and new nodes) and ``repro.py``, which prints both errors.
@@ -91,6 +92,7 @@ def bisect(model_path: str, pipeline: str, target: str, metric: str, bound: floa
     """
     from passctl.passes import PassManager
     from passctl.passes._snapshot import clone_model
+    from passctl.passes.lowering.table import Lowering
     from passctl.passes.rewrite.ruleset import RuleSet
     from passctl.support.inputs import make_inputs
     from passctl.tools.model_source import load_model
@@ -115,9 +117,10 @@ def bisect(model_path: str, pipeline: str, target: str, metric: str, bound: floa
         return _step_precision(found, broke, check)
     if p.name == "quantize-int8":
         return _step_quantize(found, broke, check)
-    if not isinstance(p, RuleSet):
-        found["note"] = (f"pass '{p.name}' is not a rule set; it is not stepped one rewrite at a "
-                         "time (the model before it is in before.pir)")
+    if not isinstance(p, (RuleSet, Lowering)):
+        found["note"] = (f"pass '{p.name}' is not a rule set, a lowering, amp or quantize-int8; "
+                         "it is not stepped one rewrite at a time (the model before it is in "
+                         "before.pir)")
         found["before"] = broke.before
         return found
 
