@@ -321,6 +321,12 @@ def load_candidate(original: str, candidate: Optional[str], pipeline: Optional[s
         return model, f"{os.path.basename(original)} after {pipeline}"
     path = candidate
     if os.path.isdir(candidate):
+        from passctl.targets.tvm.runtime import is_tvm_artifact
+
+        if is_tvm_artifact(candidate):
+            raise UserError(f"'{candidate}' is a TVM artifact: its compiled module exposes no "
+                            "intermediate tensors; compare the IR before lower-tvm instead (a "
+                            "--dump-ir step, or --pipeline without the tvm lowering)")
         path = os.path.join(candidate, "model.onnx")
         if not os.path.isfile(path):
             path = last_dump_step(candidate)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import numpy as np
 
 from passctl.ir.printer import print_model
 from passctl.tools.model_source import load_model
@@ -74,3 +74,21 @@ def test_two_dump_steps_show_the_conv_bn_fusion_as_one_rewrite(cli, tmp_path):
         report = {t["original"]: t for t in json.load(f)["tensors"]}
     assert report["c"]["status"] == "fused-away" and report["n"]["status"] == "paired"
     assert report["n"]["max_rel"] < 1e-5
+
+
+def test_compare_pairs_a_graph_output_whose_identity_was_eliminated(cli, tmp_path):
+    """x -> Relu (r) -> Identity -> y: cleanup removes the Identity and Relu now writes y; the
+    original's y (the Identity's output) pairs with the candidate's y, the interface."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Identity", ["r"], ["y"], name="id")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, 3])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [2, 3])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    res = cli("compare", path, "-p", "cleanup", "-o", tmp_path)
+    assert res.rc == 0, res.err
+    with open(tmp_path / "compare.json") as f:
+        report = {t["original"]: t for t in json.load(f)["tensors"]}
+    assert report["y"]["status"] == "paired" and report["y"]["candidate"] == "y"
+    assert report["y"]["max_abs"] == 0.0
