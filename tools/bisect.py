@@ -134,6 +134,11 @@ def bisect(model_path: str, pipeline: str, target: str, metric: str, bound: floa
         return m, list(p.applied)
 
     _, applied = run_k(10 ** 9)
+    if not applied:
+        found["note"] = (f"pass '{p.name}' changed the model without a recorded rewrite; it is "
+                         "not stepped (the model before it is in before.pir)")
+        found["before"] = broke.before
+        return found
     lo, hi = 0, len(applied)  # the bound holds after lo rewrites and breaks after hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
