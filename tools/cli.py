@@ -23,7 +23,7 @@ EXIT_CODES_HELP = ("exit status: 0 success; 2 the user's error (a bad model, opt
                    "or --check; one line and a reproducer folder); 4 the environment's fault (a "
                    "full disk or exhausted quota; one line, nothing written); 130 interrupted")
 SUBCOMMANDS = ("compile", "show", "verify", "explain", "list-passes", "list-rules", "list-targets",
-               "run", "opt", "export-decoder", "generate")
+               "run", "opt", "export-decoder", "generate", "compare", "bisect", "diff")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -228,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     export_decoder.add_parser(sub)
     generate.add_parser(sub)
+    from passctl.tools import bisect, compare, diff
+
+    compare.add_parser(sub)
+    bisect.add_parser(sub)
+    diff.add_parser(sub)
     return parser
 
 
@@ -379,6 +384,10 @@ def _dispatch(args, argv: List[str], console) -> int:
         from passctl.tools import generate
 
         return generate.main(args, console)
+    elif args.command in ("compare", "bisect", "diff"):
+        import importlib
+
+        return importlib.import_module(f"passctl.tools.{args.command}").main(args, console)
     return EXIT_OK
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -117,14 +117,19 @@ class Lowering(Pass):
     """
 
     TARGET = ""
+    #: ``passctl bisect``'s stepping hook: lower at most this many nodes (None: all); each one
+    #: lowered is recorded in ``applied`` as ``(form, node, (node,), new nodes)``.
+    max_rewrites: Optional[int] = None
 
     def run(self, model: Model) -> PassResult:
         stats: Dict[str, object] = {"lowered": 0, "unlowered": 0}
+        self.applied: List[tuple] = []
         table = _TABLES.get(self.TARGET, {})
         opset = model.opset or 21
         for graph in model.graphs():
             for node in list(graph):
-                if node.domain != DOMAIN:
+                if node.domain != DOMAIN or (self.max_rewrites is not None
+                                             and len(self.applied) >= self.max_rewrites):
                     continue
                 out = None
                 ctx = None
@@ -165,6 +170,7 @@ class Lowering(Pass):
                     if new.type is None:
                         new.type = old.type
                 graph.replace_nodes([node], ctx.b.nodes, olds, outs)
+                self.applied.append((ctx.form, node, (node,), tuple(ctx.b.nodes)))
                 stats["lowered"] += 1
                 stats[ctx.form] = stats.get(ctx.form, 0) + 1
         drop_unused_opset(model, DOMAIN)

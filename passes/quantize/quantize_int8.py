@@ -93,6 +93,9 @@ class QuantizeInt8(CalibratingPass):
     """
 
     name = "quantize-int8"
+    #: ``passctl bisect``'s stepping hook: int8 for only the first ``max_layers`` (graph order)
+    #: of the layers the search chose (None: all of them).
+    max_layers: Optional[int] = None
     summary = "Static int8 post-training quantization (QDQ, symmetric) under an accuracy budget"
     budget_label = "quantize"
 
@@ -257,6 +260,11 @@ class QuantizeInt8(CalibratingPass):
 
         sens = sensitivity(model, layers, scales, feeds, cache, unsigned, outputs)
         quantized, alone, why = self._search(model, layers, sens, error_of, stats, skipped)
+        if self.max_layers is not None:  # passctl bisect: the first k chosen layers only
+            quantized = sorted(quantized, key=lambda l: l.position)[:self.max_layers]
+            kept = {l.position for l in quantized}
+            why.update({l.position: "bisect limit" for l in layers
+                        if l.position not in kept and l.position not in why})
         if not quantized:  # every layer float32: the graph as it came (no opset raise, no split)
             stats.pop("fusedconv_split", None)
             stats.pop("opset_raised", None)

@@ -145,6 +145,10 @@ class RuleSet(Pass):
     name = "rule-set"
     summary = "apply rewrite rules"
     Options = RuleSetOptions
+    #: ``passctl bisect``'s stepping hook: stop after this many rule applications (None: no
+    #: limit). Each application is recorded in ``applied`` as ``(reported rule name, root node,
+    #: replaced nodes, new nodes)`` (the nodes as they were when the rule fired).
+    max_rewrites: Optional[int] = None
 
     def __init__(self, rules: Sequence[RuleEntry] = (), options=None,
                  name: Optional[str] = None, tracer: Optional[MatchTracer] = None, **kwargs):
@@ -161,6 +165,7 @@ class RuleSet(Pass):
 
     def run(self, model: Model) -> PassResult:
         counts: Dict[str, int] = {}
+        self.applied: List[tuple] = []
         by_op: Dict[str, List[RewriteRule]] = {}
         for r in self.rules:
             for _, op_type in r.root_ops:
@@ -172,12 +177,15 @@ class RuleSet(Pass):
                 for node in graph:
                     if node.graph is not graph:
                         continue
+                    if self.max_rewrites is not None and len(self.applied) >= self.max_rewrites:
+                        break
                     for rule in by_op.get(node.op_type, ()):
                         rep = rule.apply(node, model, self.tracer)
                         if rep is None:
                             continue
                         key = rep.name or rule.name
                         counts[key] = counts.get(key, 0) + 1
+                        self.applied.append((key, node, tuple(rep.old_nodes), tuple(rep.new_nodes)))
                         changed = True
                         needs_sort |= rep.needs_sort
                         break
