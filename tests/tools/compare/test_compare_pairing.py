@@ -103,6 +103,8 @@ def test_compare_html_renders_plot_and_table_with_working_links(det_compared, tm
     paired = report["counts"]["paired"]
     browser = next((b for b in ("chromium", "chromium-browser", "google-chrome")
                     if shutil.which(b)), None)
+    if browser is None and os.environ.get("PASSCTL_REQUIRE_BROWSER"):  # .ci/run installs one
+        pytest.fail("no chromium on PATH: apt-get install chromium (PASSCTL_REQUIRE_BROWSER is set)")
     if browser is not None:  # Debian's chromium (apt-get install chromium) renders the page
         probe = tmp_path / "probe.html"
         probe.write_text(page.replace("</body>", _page_checks_js() + "</body>"))
