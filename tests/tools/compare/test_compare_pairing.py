@@ -17,7 +17,7 @@ from compare_helpers import max_rel, run_all_tensors
 from onnx import TensorProto, helper, numpy_helper
 
 from passctl.support.inputs import make_inputs
-from tests.corpus import package_file
+from corpus import package_file
 
 DIMS = {"x[0]": 1, "x[2]": 64, "x[3]": 64}
 DIM_ARGS = [a for k, v in DIMS.items() for a in ("--dim", f"{k}={v}")]
