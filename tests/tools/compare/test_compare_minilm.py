@@ -21,7 +21,7 @@ from compare_helpers import WRONG_RULES, max_rel, run_all_tensors
 
 from passctl.support.inputs import make_inputs
 from passctl.tools.cli import main
-from tests.corpus import corpus_path
+from corpus import corpus_path
 
 PIPELINE = "cleanup,wrong-layernorm,fuse"
 DIMS = ["--dim", "batch=1", "--dim", "sequence=16"]
