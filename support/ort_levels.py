@@ -108,14 +108,28 @@ def highest_right_level(run: Callable[[str], Mapping[str, Any]], below: str,
     return None
 
 
+def quiet_stdout():
+    """A context that swallows what ONNX Runtime's Python wrapper prints to stdout when a session
+    fails to load (``*** EP Error ***`` and "Falling back to ... and retrying", before it raises
+    the same error again): passctl reports the error itself, in one line."""
+    import contextlib
+    import io
+
+    return contextlib.redirect_stdout(io.StringIO())
+
+
 def runs_with(model: Any, inputs: Dict[str, Any]) -> Callable[[str], Dict[str, Any]]:
     """``run(level)`` for :func:`level_problem`: ``model`` (a path, bytes or ModelProto) run once
-    on ``inputs`` in ONNX Runtime's CPU provider at ``level``."""
+    on ``inputs`` in ONNX Runtime's CPU provider at ``level`` (:func:`quiet_stdout`)."""
     from passctl.support.check import run_onnxruntime
 
-    return lambda level: run_onnxruntime(model, inputs, optimize=level)
+    def run(level: str) -> Dict[str, Any]:
+        with quiet_stdout():
+            return run_onnxruntime(model, inputs, optimize=level)
+
+    return run
 
 
 __all__: Sequence[str] = ("OPTIMIZATION_LEVELS", "SHORT_LEVELS", "available_levels", "emit_option",
                           "first_line", "highest_right_level", "level_problem", "lower_levels",
-                          "outputs_problem", "runs_with", "short_level")
+                          "outputs_problem", "quiet_stdout", "runs_with", "short_level")
