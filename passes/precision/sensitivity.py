@@ -196,9 +196,12 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     Raises:
         OptimizerBreaks: see above.
     """
+    from passctl.support.ort_levels import quiet_stdout
+
     level = _level_name(optimize)
     try:
-        results = _run_model(model, feeds, outputs, threads, optimize)
+        with quiet_stdout():  # ORT's "EP Error ... Falling back" prints; the error says it
+            results = _run_model(model, feeds, outputs, threads, optimize)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001  (ORT's Fail, InvalidGraph, RuntimeException)
@@ -259,8 +262,11 @@ def _optimizer_breakage(model: Model, feeds: Feeds, outputs: Optional[Sequence[s
     below ``level``; None otherwise (the failure is not ONNX Runtime's optimizer's)."""
     from passctl.support.ort_levels import emit_option, highest_right_level, level_problem
 
+    from passctl.support.ort_levels import quiet_stdout
+
     def run(lv: str) -> Dict[str, np.ndarray]:
-        runs = _run_model(model, feeds, outputs, threads, lv)
+        with quiet_stdout():
+            runs = _run_model(model, feeds, outputs, threads, lv)
         return {f"{name} (feed {k})" if k else name: a
                 for k, r in enumerate(runs) for name, a in r.items()}
 
