@@ -187,8 +187,10 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     At an optimization level above ``ORT_DISABLE_ALL``, ONNX Runtime's own optimizer may break a
     valid graph (refuse it at load, fail at run time, or return an output of another shape than
     the graph declares and computes unoptimized: its (Simplified)LayerNormFusion dropping a
-    broadcast rank). Such a graph is unmeasurable at the shipped level, and measuring it at
-    another level would not be the budget of what ships (issue 15, build item 5), so it raises
+    broadcast rank). Such a graph is unmeasurable at the shipped level. Measuring it at another
+    level would not be the budget of what ships (issue 15, build item 5: int8 and fp16 kernels of
+    each level round differently), and dropping the trial (its layers kept float32) would
+    silently give up precision that ONNX Runtime's bug, not the budget, rules out; so it raises
     :class:`OptimizerBreaks` (a UserError, exit 2) naming the highest level at which the graph runs
     right and the ``--emit`` option that ships (and measures) at it
     (:func:`_optimizer_breakage`); a graph that fails unoptimized too raises ONNX Runtime's error.
