@@ -94,8 +94,11 @@ def load_check(path: str, gpu: bool = False,
     global _LAST_SESSION
     _LAST_SESSION = None
     start = time.perf_counter()
+    from passctl.support.ort_levels import quiet_stdout
+
     try:
-        sess = cpu_session(path, optimize=optimize)  # logs fatal only: the error has it
+        with quiet_stdout():  # ORT's "EP Error ... Falling back" prints: the EmitError says it
+            sess = cpu_session(path, optimize=optimize)  # logs fatal only: the error has it
     except Exception as e:  # ORT raises its own exception types (Fail, InvalidGraph, ...)
         first = str(e).splitlines()[0]
         if gpu and "NOT_IMPLEMENTED" in first:

@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from passctl.ir.errors import UserError
 from passctl.support.context import CompileContext
@@ -253,7 +253,7 @@ def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, An
                     report["verify"], verified = verify_artifact(
                         folder, model, reference, header or load_header(reference), dims,
                         args.seed, recorder, known,
-                        torch_source.feeds() if torch_source is not None else None)
+                        torch_source.feeds() if torch_source is not None else None, shown=path)
                 except VerifyFailed as e:
                     report["verify"] = {"ran": True, "ok": False, "error": str(e)}
                     e.reproducer = check_failure_folder(args, argv, model, report, folder,
@@ -262,9 +262,21 @@ def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, An
             t_verified = time.perf_counter()
             if args.check:
                 progress.update("checking against the original", advance=1)
-                report["check"] = run_check(reference, header, os.path.join(folder, "model.onnx"),
-                                            model, args, context.check_bounds, dims, overrides,
-                                            known or verified)
+                try:
+                    report["check"] = run_check(reference, header,
+                                                os.path.join(folder, "model.onnx"), model, args,
+                                                context.check_bounds, dims, overrides,
+                                                known or verified)
+                except UserError:
+                    raise
+                except Exception as e:  # the artifact fails to run (--no-verify let it through)
+                    _raise_if_ort_level_bug(folder, model, reference, path, header, dims, args,
+                                            overrides, e)
+                    raise
+                if not report["check"]["ok"] and any(
+                        o.get("problem") for o in report["check"].get("outputs", [])):
+                    _raise_if_ort_level_bug(folder, model, reference, path, header, dims, args,
+                                            overrides)
                 if torch_source is not None and torch_source.inputs:
                     report["check"]["torch"] = torch_eager_check(
                         torch_source, folder, context.check_bounds, args.atol)
@@ -300,6 +312,8 @@ def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, An
             blame = ""
             if isinstance(e, EmitError):  # the emitter's ONNX Runtime load check
                 _raise_if_ort_refuses_original(e, reference, path, emitter)
+                _raise_if_ort_refuses_artifact(e, model, reference, path, emitter, header, dims,
+                                               args, overrides, work)
                 blame = blame_runtime_error(model, e, recorder)
             raise InternalError(f"emitting for {target.name} with {emitter.name} failed: "
                                 f"{type(e).__name__}: {one_line(e)}"
@@ -407,5 +421,57 @@ def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: s
         from passctl.tools.ort_refusal import explain_level_refusal
 
         message = explain_level_refusal(reference, path, level)
+    if message is not None:
+        raise UserError(message) from error
+
+
+def _raise_if_ort_level_bug(folder: str, model, reference: str, path: str, header, dims, args,
+                            overrides, error: Optional[BaseException] = None) -> None:
+    """``--check`` found an artifact output of the wrong shape or dtype, or the artifact failed
+    to run: when ONNX Runtime's optimizer at the artifact's level is to blame
+    (:func:`passctl.tools.verify_artifact.explain_level_breakage`, on the verify run's seeded
+    inputs), raise its UserError."""
+    from passctl.support.inputs import load_header
+    from passctl.tools.numeric_check import _session_optimization
+    from passctl.tools.verify_artifact import explain_with_seeded_inputs
+
+    message = explain_with_seeded_inputs(os.path.join(folder, "model.onnx"), model, reference,
+                                         path, _session_optimization(folder),
+                                         header or load_header(reference), dims, args.seed,
+                                         overrides)
+    if message is not None:
+        raise UserError(message) from error
+
+
+def _raise_if_ort_refuses_artifact(error: BaseException, model, reference: str, path: str,
+                                   emitter, header, dims, args, overrides, work: str) -> None:
+    """The emitter's load check refused the compiled model at its ONNX Runtime optimization level
+    although the original loads there: when the compiled graph is valid and runs right at a lower
+    level, ONNX Runtime's optimizer is to blame, not passctl (its level-3 rewrites fail on some
+    valid graphs with "Failed to find node output or a constant initializer producing output").
+
+    Raises:
+        UserError: one line naming the level, ONNX Runtime's refusal and the ``--emit`` option of
+            the highest level at which the compiled model runs right
+            (:func:`passctl.tools.verify_artifact.explain_level_breakage` on a copy of the
+            artifact's ``model.onnx`` written to ``work``).
+    """
+    level = getattr(emitter, "optimization_level", None)
+    if not level or level == "ORT_DISABLE_ALL":
+        return
+    from passctl.ir.onnx_export import save
+    from passctl.support.inputs import load_header
+    from passctl.tools.verify_artifact import explain_with_seeded_inputs
+
+    folder = os.path.join(work, "refused-artifact")
+    os.makedirs(folder, exist_ok=True)
+    candidate = os.path.join(folder, "model.onnx")
+    try:
+        save(model, candidate)
+    except Exception:  # noqa: BLE001  (over 2 GB inline: the crash report stands)
+        return
+    message = explain_with_seeded_inputs(candidate, model, reference, path, level,
+                                         header or load_header(reference), dims, args.seed,
+                                         overrides)
     if message is not None:
         raise UserError(message) from error

@@ -164,12 +164,14 @@ def explain_level_refusal(model_path: str, shown: str, level: str) -> Optional[s
         level: the ``onnxruntime.GraphOptimizationLevel`` name the artifact ships with.
     """
     from passctl.support.check import cpu_session
+    from passctl.support.ort_levels import quiet_stdout
     from passctl.targets.onnxruntime.emit import available_levels, short_level
 
     if level == "ORT_DISABLE_ALL":
         return None
     try:
-        cpu_session(model_path, optimize=level)
+        with quiet_stdout():
+            cpu_session(model_path, optimize=level)
         return None
     except Exception as e:  # noqa: BLE001  (ORT's Fail, InvalidGraph, ...)
         refusal = clean_message(e)
@@ -178,7 +180,8 @@ def explain_level_refusal(model_path: str, shown: str, level: str) -> Optional[s
     works = None
     for candidate in lower:
         try:
-            cpu_session(model_path, optimize=candidate)
+            with quiet_stdout():
+                cpu_session(model_path, optimize=candidate)
         except Exception:  # noqa: BLE001
             continue
         works = candidate

@@ -4,7 +4,12 @@ declared shape and dtype and be finite where the original's is (on the same inpu
 
 A failure is passctl's bug (an internal error, exit 3, with a reproducer): the message names the
 pass that last touched the failing value, from :class:`TouchRecorder`, a pass-manager instrument
-that records which pass created or changed each node. ``--no-verify`` skips the step."""
+that records which pass created or changed each node. ``--no-verify`` skips the step.
+
+Unless ONNX Runtime's own graph optimizer is to blame (:func:`explain_level_breakage`): the
+original model breaks the same way at the artifact's level, or passctl's valid graph breaks only
+at that level; that is the user's to choose around (a UserError, exit 2, naming the highest level
+that runs right and the ``--emit`` option that ships at it)."""
 
 from __future__ import annotations
 
@@ -220,7 +225,7 @@ def _nonfinite_problem(got: np.ndarray, want: Optional[np.ndarray]) -> Optional[
 def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, int],
                     seed: int, recorder: Optional[TouchRecorder],
                     known: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None,
-                    overrides: Optional[Dict[str, Any]] = None
+                    overrides: Optional[Dict[str, Any]] = None, shown: str = "the model"
                     ) -> Tuple[Dict[str, Any], Optional[Tuple[Dict[str, Any], Dict[str, Any]]]]:
     """Run the artifact in ``folder`` once and check its outputs; return ``report["verify"]``
     and ``(inputs, original outputs)`` (None when the original did not run), which a later
@@ -248,10 +253,14 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
         judge here: the original itself fails on the inputs (its sizes are the user's to give
         with ``--check --dim``) or the CPU has no kernel for a GPU artifact.
 
+    ``shown``: how messages name the original model (the path the user gave).
+
     Raises:
         VerifyFailed: the artifact fails to run where the original runs, or an output breaks a
             rule above; one line naming the output (or node), what is wrong and the pass that last
             touched it (``reproducer`` is set by the caller).
+        UserError: such a failure is ONNX Runtime's optimizer's at the artifact's level, not
+            passctl's (:func:`explain_level_breakage`).
     """
     from passctl.support.check import run_onnxruntime
     from passctl.support.inputs import draw_inputs, plan_inputs
@@ -314,6 +323,7 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
 
         text = clean_message(e)
         node = _node_of_error(model, str(e), recorder)
+        _raise_if_ort_level_bug(candidate, reference, shown, level, inputs, want, shapes, e)
         raise VerifyFailed(
             f"verify: the artifact fails in {runtime} on seeded inputs ({shapes}) where the "
             f"original runs: {text[:300]}; {_blame_text(recorder, node, 'it')}; the candidate is "
@@ -349,6 +359,8 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
             outputs.append({"name": name, "shape": list(arr.shape), "dtype": arr.dtype.name})
         if problem is not None:
             node = value.producer
+            if not tvm:
+                _raise_if_ort_level_bug(candidate, reference, shown, level, inputs, want, shapes)
             raise VerifyFailed(
                 f"verify: output '{name}' of the artifact {problem} on seeded inputs ({shapes}); "
                 f"{_blame_text(recorder, node, f'{name!r}')}; the candidate is in the reproducer "
@@ -363,3 +375,111 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
     if notes:
         entry["notes"] = notes
     return done(ran=True, outputs=outputs)
+
+
+def _raise_if_ort_level_bug(candidate: str, reference: str, shown: str, level: Optional[str],
+                            inputs: Dict[str, Any], want: Optional[Dict[str, Any]], shapes: str,
+                            error: Optional[BaseException] = None) -> None:
+    """Raise :func:`explain_level_breakage`'s UserError when it finds ONNX Runtime to blame."""
+    message = explain_level_breakage(candidate, reference, shown, level, inputs, want, shapes)
+    if message is not None:
+        raise UserError(message) from error
+
+
+def checker_problem(path: str) -> Optional[str]:
+    """``onnx.checker.check_model(path, full_check=True)``'s first error line (strict shape and type
+    inference: a declared shape the graph contradicts is an error), or None when it accepts the
+    model. Ops of domains the checker does not know (``com.microsoft``) are not judged by it."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(path, full_check=True)
+    except Exception as e:  # noqa: BLE001  (ValidationError, InferenceError)
+        return one_line(e)[:200]
+    return None
+
+
+def explain_level_breakage(candidate: str, reference: str, shown: str, level: Optional[str],
+                           inputs: Dict[str, Any], want: Optional[Dict[str, Any]],
+                           shapes: str = "") -> Optional[str]:
+    """After the artifact ``candidate`` failed at ONNX Runtime optimization ``level`` on
+    ``inputs`` (it did not load or run, or an output has the wrong shape, dtype or NaN/inf): a
+    one-line message for a UserError when ONNX Runtime's graph optimizer is to blame, else None
+    (passctl's bug stands).
+
+    ``want`` is the original's (``reference``'s) ``ORT_DISABLE_ALL`` outputs on ``inputs``, the
+    reference of what is right (:func:`passctl.support.ort_levels.outputs_problem`: the same
+    outputs, dtypes, shapes, and no NaN/inf where those are finite). ONNX Runtime is to blame when
+
+    - the unchanged original is not right at ``level`` either (it fails, or an output's shape or
+      dtype differs from its own unoptimized run: e.g. its (Simplified)LayerNormFusion drops the
+      rank a broadcast constant adds), and both the original and the artifact are right at a lower
+      level; or
+    - the original is right at ``level`` but passctl's graph is valid (``onnx.checker`` full
+      check) and right at ``ORT_DISABLE_ALL``, and right at a lower level: ONNX Runtime's
+      optimizer breaks a valid graph that passctl wrote.
+
+    The message names what breaks (output or ONNX Runtime's error), the highest level at which
+    the outputs are right, and the ``--emit 'onnxruntime{optimization_level=...}'`` option that
+    ships at it. passctl does not lower the level on its own: the level decides which fused
+    kernels the artifact runs with, and the budgeted passes measured at ``level``.
+    """
+    from passctl.support.ort_levels import (emit_option, highest_right_level, level_problem,
+                                            runs_with)
+
+    if not level or level == "ORT_DISABLE_ALL" or want is None or not os.path.isfile(candidate):
+        return None
+    on = f" on seeded inputs ({shapes})" if shapes else ""
+    artifact = runs_with(candidate, inputs)
+    original = runs_with(reference, inputs)
+    broken = level_problem(original, level, want)
+    if broken is not None:
+        works = highest_right_level(original, level, want,
+                                    judge=lambda lv: level_problem(artifact, lv, want) is None)
+        if works is None:
+            return None
+        return (f"{shown}: ONNX Runtime's graph optimizer breaks this model itself at {level}, the "
+                f"level the artifact would ship with, even unchanged by passctl: there the "
+                f"original {broken}{on}, while it runs right unoptimized; a bug of ONNX "
+                f"Runtime, not of the model or passctl; the original's and the artifact's outputs "
+                f"are right at {works}: compile with {emit_option(works)} to ship at that level")
+    if level_problem(artifact, "ORT_DISABLE_ALL", want) is not None:
+        return None  # wrong as written: passctl's rewrite
+    invalid = checker_problem(candidate)
+    if invalid is not None:
+        return None  # passctl wrote an invalid graph that only ORT_DISABLE_ALL tolerates
+    problem = level_problem(artifact, level, want)
+    works = highest_right_level(artifact, level, want)
+    if problem is None or works is None:
+        return None
+    return (f"{shown}: ONNX Runtime's graph optimizer at {level}, the level the artifact would "
+            f"ship with, breaks the compiled model: there it {problem}{on}, although passctl's "
+            f"graph is valid (onnx.checker full check) and runs right at ORT_DISABLE_ALL, and the "
+            f"original runs right at {level}; a bug of ONNX Runtime's optimizer that the compiled "
+            f"graph triggers, not of passctl; the compiled model runs right at {works}: compile "
+            f"with {emit_option(works)} to ship at that level")
+
+
+def explain_with_seeded_inputs(candidate: str, model, reference: str, shown: str,
+                               level: Optional[str], header, dims: Dict[str, int], seed: int,
+                               overrides: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """:func:`explain_level_breakage` on the verify run's seeded inputs (``seed``, ``dims``,
+    ``overrides``), for a failure found without them: the emitter's load check refusing the
+    artifact at ``level``, or ``--check`` failing on shapes or a run error. None when the inputs
+    cannot be drawn or the original does not run on them."""
+    from passctl.support.check import run_onnxruntime
+    from passctl.support.inputs import draw_inputs, plan_inputs
+    from passctl.tools.numeric_check import _candidate_dims
+
+    if not level or level == "ORT_DISABLE_ALL":
+        return None
+    try:
+        plan = plan_inputs(header, dim_values=_candidate_dims(os.path.dirname(candidate), model,
+                                                              dims, False),
+                           overrides=overrides or {})
+        inputs = draw_inputs(plan, seed)
+        want = run_onnxruntime(reference, inputs)
+    except Exception:  # noqa: BLE001  (UserError for inputs, ORT's errors for the original)
+        return None
+    shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in inputs.items())
+    return explain_level_breakage(candidate, reference, shown, level, inputs, want, shapes)

@@ -8,36 +8,16 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from passctl.ir import Model
+# ONNX Runtime's optimization levels and their short names (OPTIMIZATION_LEVELS, available_levels,
+# short_level: re-exported here) live in support/, where the budgeted passes name them too.
+from passctl.support.ort_levels import OPTIMIZATION_LEVELS, available_levels, short_level  # noqa: F401
+from passctl.support.ort_levels import SHORT_LEVELS as _SHORT_LEVELS
 from passctl.support.profiles import TargetProfile
 from passctl.targets.base import Emitter
 from passctl.targets.onnx_file import EXTERNAL_DATA_THRESHOLD, MODEL_FILE, load_check, write_onnx
 from passctl.targets.registry import register_emitter
 
 logger = logging.getLogger(__name__)
-
-#: ONNX Runtime's graph optimization levels, highest first (``ORT_ENABLE_LAYOUT`` only where the
-#: installed ONNX Runtime has it), and the short names ``--emit 'onnxruntime{optimization_level=...}'``
-#: takes for them.
-OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_LAYOUT", "ORT_ENABLE_EXTENDED",
-                       "ORT_ENABLE_BASIC", "ORT_DISABLE_ALL")
-_SHORT_LEVELS = {"all": "ORT_ENABLE_ALL", "layout": "ORT_ENABLE_LAYOUT",
-                 "extended": "ORT_ENABLE_EXTENDED", "basic": "ORT_ENABLE_BASIC",
-                 "disable": "ORT_DISABLE_ALL", "disable_all": "ORT_DISABLE_ALL",
-                 "off": "ORT_DISABLE_ALL"}
-
-
-def available_levels() -> Tuple[str, ...]:
-    """:data:`OPTIMIZATION_LEVELS` that the installed ONNX Runtime has, highest first."""
-    import onnxruntime as ort
-
-    return tuple(n for n in OPTIMIZATION_LEVELS if hasattr(ort.GraphOptimizationLevel, n))
-
-
-def short_level(level: str) -> str:
-    """The short ``optimization_level`` name of an ``ORT_*`` level (``ORT_ENABLE_EXTENDED`` ->
-    ``extended``)."""
-    return next(k for k, v in _SHORT_LEVELS.items() if v == level)
-
 
 def parse_level(text: str) -> str:
     """The ``onnxruntime.GraphOptimizationLevel`` name ``text`` gives: a short name (``all``,
