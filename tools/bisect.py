@@ -304,21 +304,6 @@ def write_reproducer(found: Dict[str, Any], folder: str, original: str, inputs: 
             f.write(_REPRO.format(original=os.path.abspath(original), metric=metric, bound=bound))
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("bisect", help="find the first pass, then the first rewrite, that breaks "
-                       "a numeric bound")
-    p.add_argument("model")
-    p.add_argument("--pipeline", "-p", required=True)
-    p.add_argument("--target", "-t", default="cpu")
-    p.add_argument("--inputs", metavar="FILE.npz")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE")
-    p.add_argument("--bound", required=True, metavar="METRIC=VALUE",
-                   help="e.g. max-rel=1e-4 (max-rel, mean-rel or cosine)")
-    p.add_argument("--load", action="append", default=[], metavar="FILE.py")
-    p.add_argument("-o", "--output", default=None,
-                   help="reproducer folder (default ./<model stem>.bisect)")
-
 
 def main(args, console) -> int:
     from passctl.passes.registry import load_plugin_file

@@ -228,11 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     export_decoder.add_parser(sub)
     generate.add_parser(sub)
-    from passctl.tools import bisect, compare, diff
+    from passctl.tools.debug_args import add_bisect_parser, add_compare_parser, add_diff_parser
 
-    compare.add_parser(sub)
-    bisect.add_parser(sub)
-    diff.add_parser(sub)
+    add_compare_parser(sub)
+    add_bisect_parser(sub)
+    add_diff_parser(sub)
     return parser
 
 

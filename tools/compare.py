@@ -578,24 +578,6 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("compare", help="pair every intermediate tensor of an original and a "
-                       "candidate through provenance and report per-tensor errors")
-    p.add_argument("original", help="the original .onnx")
-    p.add_argument("candidate", nargs="?", default=None,
-                   help="a model file, an artifact folder or a --dump-ir folder (or --pipeline)")
-    p.add_argument("--pipeline", "-p", default=None, help="compile the original with this "
-                   "pipeline and compare the result")
-    p.add_argument("--target", "-t", default="cpu")
-    p.add_argument("--inputs", metavar="FILE.npz", help="arrays by input name (default: seeded)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE")
-    p.add_argument("--bound", default="max-rel=1e-4", metavar="METRIC=VALUE",
-                   help="a pair is wrong above it (max-rel, mean-rel or cosine; default "
-                        "max-rel=1e-4)")
-    p.add_argument("--load", action="append", default=[], metavar="FILE.py")
-    p.add_argument("-o", "--output", default=".", help="folder for compare.json and compare.html")
-
 
 def parse_bound(text: str) -> Tuple[str, float]:
     """``METRIC=VALUE`` -> ``(metric, value)``.

@@ -117,14 +117,6 @@ def _line(c: Dict[str, Any]) -> str:
             + (f"  (from {prov})" if prov else ""))
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("diff", help="what changed between two models, node by node, matched "
-                       "through provenance")
-    p.add_argument("a", help="IR text, .onnx, or a --dump-ir step")
-    p.add_argument("b")
-    p.add_argument("--all", action="store_true", help="also list unchanged nodes")
-    p.add_argument("--json", metavar="FILE", help="write the changes as JSON")
-
 
 def main(args, console) -> int:
     from passctl.tools.model_source import load_model
