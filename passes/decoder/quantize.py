@@ -11,8 +11,11 @@ quantized copy. docs/quantize-weights.md.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+import os
+import tempfile
+from typing import Any, Dict, Optional, Sequence, Tuple
 
+import numpy as np
 import onnx
 
 WEIGHT_FORMATS = {"int4": 4, "int8": 8}
@@ -20,8 +23,13 @@ WEIGHT_FORMATS = {"int4": 4, "int8": 8}
 
 def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = None,
                      symmetric: bool = True, method: str = "rtn", accuracy_level: int = 4,
-                     exclude: str = "") -> Tuple[onnx.ModelProto, Dict[str, Any]]:
+                     exclude: str = "", float_zero_points: bool = False,
+                     calib_ids: Optional[Sequence[int]] = None, window: int = 256) -> Tuple[onnx.ModelProto, Dict[str, Any]]:
     """``(quantized ModelProto, the pass's statistics)`` of decoder ``proto`` (float32).
+
+    ``calib_ids`` (token ids of calibration text) makes the pass use ``method=gptq`` (else
+    ``method``): the text is cut into ``window``-token prefill chunks, each run with an empty
+    cache (:func:`decoder_feeds`) to collect the layer inputs.
 
     Raises:
         UserError: a bad option (see ``QuantizeWeights.Options``).
@@ -31,12 +39,38 @@ def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = N
 
     model = from_onnx(proto)
     meta = list(proto.metadata_props)
-    result = QuantizeWeights(bits=bits, block=block, symmetric=symmetric, method=method,
-                             accuracy_level=accuracy_level, exclude=exclude).run(model)
+    with tempfile.TemporaryDirectory(prefix="passctl-decoder-calib-") as folder:
+        calib = ""
+        if calib_ids is not None:
+            method, calib = "gptq", folder
+            for k, feed in enumerate(decoder_feeds(proto, np.asarray(calib_ids), window)):
+                np.savez(os.path.join(folder, f"feed{k:03d}.npz"), **feed)
+        result = QuantizeWeights(bits=bits, block=block, symmetric=symmetric, method=method,
+                                 accuracy_level=accuracy_level, exclude=exclude, calib=calib,
+                                 float_zero_points=float_zero_points).run(model)
     out = to_onnx(model)
     if not list(out.metadata_props):
         out.metadata_props.extend(meta)
     return out, result.stats
 
 
-__all__ = ["WEIGHT_FORMATS", "quantize_decoder"]
+def decoder_feeds(proto: onnx.ModelProto, ids: np.ndarray, window: int = 256):
+    """Prefill feeds of a ``passctl-static-kv`` graph: ``ids`` in chunks of ``window`` tokens
+    (the last one dropped when shorter than 2), batch 1, caches of zeros."""
+    shapes = {}
+    for v in proto.graph.input:
+        if v.name.startswith("past_key_values."):
+            dims = v.type.tensor_type.shape.dim
+            shapes[v.name] = (1,) + tuple(d.dim_value for d in dims[1:])
+    for start in range(0, len(ids), window):
+        chunk = ids[start:start + window]
+        if len(chunk) < 2:
+            continue
+        feed = {"input_ids": chunk[None].astype(np.int64),
+                "seqlens_k": np.array([len(chunk) - 1], np.int32),
+                "total_sequence_length": np.array(len(chunk), np.int32)}
+        feed.update({k: np.zeros(s, np.float32) for k, s in shapes.items()})
+        yield feed
+
+
+__all__ = ["WEIGHT_FORMATS", "decoder_feeds", "quantize_decoder"]

@@ -51,8 +51,11 @@ def pack_nbits(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def pack_zero_points(zp: np.ndarray, bits: int) -> np.ndarray:
-    """MatMulNBits' ``zero_points`` from ``[N, k_blocks]`` uint8: flat ``[N * ceil(k_blocks *
+    """MatMulNBits' ``zero_points`` from ``[N, k_blocks]`` uint8 (or float32: passed flat, the
+    kernel's T1 form, ``(code - zp) * scale`` with a fractional zp): flat ``[N * ceil(k_blocks *
     bits / 8)]``, 4 bits two per byte (low nibble first), each column padded to whole bytes."""
+    if np.asarray(zp).dtype == np.float32:  # float zero points: T1 like scales, unpacked
+        return np.ascontiguousarray(zp, np.float32).reshape(-1)
     zp = np.asarray(zp, np.uint8)
     if bits == 8:
         return zp.reshape(-1).copy()

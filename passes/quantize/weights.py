@@ -10,9 +10,19 @@ The math (:func:`quantize_blocks`) is round-to-nearest on a grid per output colu
 * ``symmetric=false``: the block's range ``[min(w, 0), max(w, 0)]`` on ``2^bits - 1`` steps,
   ``scale = (max - min) / (2^bits - 1)``, zero point ``round(-min / scale)`` (ONNX Runtime's
   ``MatMul4BitsQuantizer`` asymmetric blockwise quantization; zero stays exactly representable).
+* ``symmetric=false, float_zero_points=true``: the block's own ``[min, max]`` on ``2^bits - 1``
+  steps with a float zero point ``-min / scale`` (llama.cpp's Q4_1 grid ``w = d * q + m``:
+  a Q4_1 model's weights are reproduced exactly at its block of 32).
 * ``method=mse``: the same grids with the range shrunk by the factor in 1.0, 0.95, ... 0.75 that
   gives each block the least squared weight error (the weight-clipping search of AWQ, Lin et al.
   2024, section 3.3 ``auto_clip``, measured on the weights instead of calibration activations).
+
+* ``method=gptq``: GPTQ (Frantar et al. 2023, "GPTQ: Accurate Post-Training Quantization for
+  Generative Pre-trained Transformers", Algorithm 1 with lazy batch updates and groups): rows of K
+  are quantized in order on the grids above (each group's scale from its rows as they are when the
+  group starts), and each row's rounding error is spread over the rows not yet quantized through
+  the inverse Hessian ``H = 2 X^T X / n + damp`` of the layer's calibration inputs ``X``
+  (:func:`layer_hessians`), so ``||X W - X Wq||`` is minimized rather than ``||W - Wq||``.
 
 ``block=0`` means one block per column (per-output-channel), the default for ``bits=8``.
 """
@@ -55,8 +65,8 @@ class BlockCodes:
     Attributes:
         codes: uint8 ``[N, k_blocks, block]`` in ``[0, 2^bits)`` (K padded with zeros' codes).
         scales: float32 ``[N, k_blocks]``.
-        zero_points: uint8 ``[N, k_blocks]``, or None for the symmetric grid (zero point
-            ``2^(bits-1)``).
+        zero_points: uint8 ``[N, k_blocks]`` (float32 with ``float_zero_points``), or None for
+            the symmetric grid (zero point ``2^(bits-1)``).
         k: the unpadded K; ``bits``; ``block``: the block size used.
     """
 
@@ -85,7 +95,7 @@ def block_size(k: int, block: int) -> int:
 
 
 def quantize_blocks(w: np.ndarray, bits: int, block: int, symmetric: bool = True,
-                    method: str = "rtn") -> BlockCodes:
+                    method: str = "rtn", float_zero_points: bool = False) -> BlockCodes:
     """Quantize float32 ``w`` ``[K, N]`` (MatMul's B) per column ``n`` and block of ``block`` rows
     of K (the module docstring's grids; ``block=0``: one block per column).
 
@@ -102,9 +112,9 @@ def quantize_blocks(w: np.ndarray, bits: int, block: int, symmetric: bool = True
     ratios = CLIP_RATIOS if method == "mse" else (1.0,)
     best = None
     for r in ratios:
-        codes, scales, zps = _grid(wt, bits, symmetric, np.float32(r))
+        codes, scales, zps = _grid(wt, bits, symmetric, np.float32(r), float_zero_points)
         zf = (zps if zps is not None else np.full(scales.shape, 2 ** (bits - 1), np.uint8))
-        deq = (codes.astype(np.float32) - zf[..., None]) * scales[..., None]
+        deq = (codes.astype(np.float32) - zf[..., None].astype(np.float32)) * scales[..., None]
         err = ((deq - wt) ** 2).sum(-1)
         if best is None:
             best = [codes, scales, zps, err]
@@ -118,7 +128,98 @@ def quantize_blocks(w: np.ndarray, bits: int, block: int, symmetric: bool = True
     return BlockCodes(best[0], best[1].astype(np.float32), best[2], k, bits, size)
 
 
-def _grid(wt: np.ndarray, bits: int, symmetric: bool, ratio: np.float32):
+GPTQ_DAMP = 0.1
+"""GPTQ's dampening: ``H += 0.1 * mean(diag H) * I`` (the paper's percdamp; 0.01 there, with
+~260k calibration tokens; with a few thousand the larger value generalizes better)."""
+GPTQ_BATCH = 128
+"""Rows of K per lazy batch update (GPTQ's B)."""
+
+
+def gptq_blocks(w: np.ndarray, hessian: np.ndarray, bits: int, block: int, symmetric: bool = True,
+                float_zero_points: bool = False) -> BlockCodes:
+    """GPTQ quantization (module docstring) of float32 ``w`` ``[K, N]`` given ``hessian``
+    ``[K, K]`` (``sum x x^T`` over calibration rows, any scale). Returns :class:`BlockCodes`
+    on the same grids as :func:`quantize_blocks`."""
+    w = np.asarray(w, np.float64)
+    k, n = w.shape
+    size = block_size(k, block)
+    kb = -(-k // size)
+    h = np.array(hessian, np.float64)
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0
+    work = np.zeros((kb * size, n), np.float64)
+    work[:k] = w
+    work[:k][dead] = 0.0
+    h += np.eye(k) * GPTQ_DAMP * float(np.mean(np.diag(h)))
+    hinv = np.linalg.cholesky(np.linalg.inv(h)).T  # upper Cholesky factor of H^-1
+    full = np.eye(kb * size)
+    full[:k, :k] = hinv
+    hinv = full
+    codes = np.zeros((n, kb, size), np.uint8)
+    scales = np.zeros((n, kb), np.float32)
+    zps = None if symmetric else np.zeros((n, kb), np.float32 if float_zero_points else np.uint8)
+    half = 2 ** (bits - 1)
+    levels = 2 ** bits
+    rows = kb * size
+    for start in range(0, rows, GPTQ_BATCH):
+        end = min(rows, start + GPTQ_BATCH)
+        wb = work[start:end].copy()
+        err = np.zeros_like(wb)
+        for i in range(end - start):
+            r = start + i
+            g = r // size
+            if r % size == 0:  # a new group: its grid from the rows as they are now
+                group = np.concatenate([wb[i:], work[end:(g + 1) * size]])[:size]
+                c, sc, zp = _grid(group.T[:, None, :].astype(np.float32), bits, symmetric,
+                                  np.float32(1.0), float_zero_points)
+                scales[:, g] = sc[:, 0]
+                if zps is not None:
+                    zps[:, g] = zp[:, 0]
+            sc = scales[:, g].astype(np.float64)
+            if symmetric:
+                q = np.clip(np.rint(wb[i] / sc), -half, half - 1) + half
+                zf = float(half)
+            else:
+                zf = zps[:, g].astype(np.float64)
+                q = np.clip(np.rint(wb[i] / sc + zf) if float_zero_points
+                            else np.rint(wb[i] / sc) + zf, 0, levels - 1)
+            codes[:, g, r % size] = q.astype(np.uint8)
+            deq = (q - zf) * sc
+            e = (wb[i] - deq) / hinv[r, r]
+            wb[i + 1:] -= np.outer(hinv[r, r + 1:end], e)
+            err[i] = e
+        work[end:] -= hinv[start:end, end:].T @ err
+    return BlockCodes(codes, scales, zps, k, bits, size)
+
+
+def layer_hessians(model: Model, layers: List["WeightLayer"], feeds
+                   ) -> Dict[int, Tuple[np.ndarray, int]]:
+    """``{layer position: (sum over calibration rows of x x^T, rows)}`` (float64 ``[K, K]``) of
+    each layer's data input, from one ONNX Runtime run per feed of a copy of ``model`` that
+    returns those inputs too (layers reading one value share its matrix)."""
+    work = clone_model(model)
+    nodes = list(work.graph)
+    by_value: Dict[str, List[int]] = {}
+    for wl in layers:
+        v = nodes[wl.layer.position].inputs[0]
+        if v.name not in by_value:
+            by_value[v.name] = []
+            if not v.is_graph_output():
+                work.graph.outputs = list(work.graph.outputs) + [v]
+        by_value[v.name].append(wl.layer.position)
+    sums: Dict[str, np.ndarray] = {}
+    rows: Dict[str, int] = {}
+    for r in run_model(work, feeds, optimize=True):
+        for name in by_value:
+            x = np.asarray(r[name], np.float64)
+            x = x.reshape(-1, x.shape[-1])
+            sums[name] = sums.get(name, 0) + x.T @ x
+            rows[name] = rows.get(name, 0) + x.shape[0]
+    return {p: (sums[name], rows[name]) for name, ps in by_value.items() for p in ps}
+
+
+def _grid(wt: np.ndarray, bits: int, symmetric: bool, ratio: np.float32,
+          float_zero_points: bool = False):
     levels = 2 ** bits
     if symmetric:
         half = levels // 2
@@ -128,6 +229,13 @@ def _grid(wt: np.ndarray, bits: int, symmetric: bool, ratio: np.float32):
         safe = np.where(scales == 0, np.float32(1), scales)
         q = np.clip(np.rint(wt / safe[..., None]), -half, half - 1) + half
         return q.astype(np.uint8), np.where(scales == 0, np.float32(1), scales), None
+    if float_zero_points:
+        lo, hi = wt.min(-1) * ratio, wt.max(-1) * ratio
+        scales = ((hi - lo) / np.float32(levels - 1)).astype(np.float32)
+        scales = np.where(scales == 0, np.float32(1), scales).astype(np.float32)
+        zp = (-lo / scales).astype(np.float32)
+        q = np.clip(np.rint(wt / scales[..., None] + zp[..., None]), 0, levels - 1)
+        return q.astype(np.uint8), scales, zp
     lo = np.minimum(wt.min(-1), 0) * ratio
     hi = np.maximum(wt.max(-1), 0) * ratio
     scales = (hi - lo) / np.float32(levels - 1)
@@ -250,7 +358,10 @@ class QuantizeWeights(CalibratingPass):
             block: block of K per scale: 16, 32, 64, 128, 256, or 0 (one per column); None:
                 0 for 8 bits, 128 for 4 bits.
             symmetric: symmetric grid without zero points (true) or with them (false).
-            method: ``rtn`` (round to nearest) or ``mse`` (per-block clipping search).
+            float_zero_points: with ``symmetric=false``, float zero points on the block's own
+                [min, max] (llama.cpp Q4_1's grid) instead of uint8 ones.
+            method: ``rtn`` (round to nearest), ``mse`` (per-block clipping search) or
+                ``gptq`` (error compensation from the calibration feeds' layer inputs).
             accuracy_level: MatMulNBits' attribute (0-4; 4: int8 compute).
             budget: largest model-output error allowed under ``metric``; None: no budget.
             metric: ``max-rel``, ``mean-rel`` or ``cosine``.
@@ -262,7 +373,8 @@ class QuantizeWeights(CalibratingPass):
         bits: int = 4
         block: Optional[int] = None
         symmetric: bool = True
-        method: Literal["rtn", "mse"] = "rtn"
+        float_zero_points: bool = False
+        method: Literal["rtn", "mse", "gptq"] = "rtn"
         accuracy_level: int = 4
         budget: Optional[float] = None
         metric: Literal["max-rel", "mean-rel", "cosine"] = "mean-rel"
@@ -287,8 +399,10 @@ class QuantizeWeights(CalibratingPass):
             if not 0 <= self.accuracy_level <= 4:
                 raise UserError(f"quantize-weights: accuracy_level={self.accuracy_level}; use "
                                 "0-4 (4: int8 compute)")
-            if self.method not in ("rtn", "mse"):
-                raise UserError(f"quantize-weights: method={self.method}; use rtn or mse")
+            if self.float_zero_points and self.symmetric:
+                raise UserError("quantize-weights: float_zero_points=true needs symmetric=false")
+            if self.method not in ("rtn", "mse", "gptq"):
+                raise UserError(f"quantize-weights: method={self.method}; use rtn, mse or gptq")
             if self.budget is not None:
                 check_search_options("quantize-weights", self.budget, self.samples,
                                      self.metric, "1e-2")
@@ -315,12 +429,31 @@ class QuantizeWeights(CalibratingPass):
         stats: Dict[str, Any] = {"bits": o.bits, "block": block or "per-column",
                                  "symmetric": o.symmetric, "method": o.method,
                                  "accuracy_level": o.accuracy_level}
-        codes = {wl.layer.position: quantize_blocks(wl.w, o.bits, block, o.symmetric, o.method)
-                 for wl in layers}
+        rtn_fallback: List[str] = []
+        if o.method == "gptq" and layers:
+            feeds = calibration_inputs(model, o.calib, o.samples, o.seed,
+                                       parse_dims(o.dims, self.name), owner=self.name)
+            hessians = layer_hessians(model, layers, feeds)
+            stats["calibration_feeds"] = len(feeds)
+            codes = {}
+            for wl in layers:  # fewer calibration rows than K: H is singular, round to nearest
+                h, rows = hessians[wl.layer.position]
+                codes[wl.layer.position] = (
+                    gptq_blocks(wl.w, h, o.bits, block, o.symmetric, o.float_zero_points)
+                    if rows >= wl.w.shape[0] else
+                    quantize_blocks(wl.w, o.bits, block, o.symmetric, "rtn", o.float_zero_points))
+                if rows < wl.w.shape[0]:
+                    rtn_fallback.append(wl.layer.name)
+        else:
+            codes = {wl.layer.position: quantize_blocks(wl.w, o.bits, block, o.symmetric,
+                                                        o.method, o.float_zero_points)
+                     for wl in layers}
         werr = {p: _rel(c.dequantize(), wl.w)
                 for p, c, wl in ((wl.layer.position, codes[wl.layer.position], wl)
                                  for wl in layers)}
         stats["quantize_seconds"] = round(time.perf_counter() - start, 3)
+        if rtn_fallback:
+            stats["gptq_rtn_fallback"] = rtn_fallback
         chosen, alone, why = layers, {}, {}
         if o.budget is not None and layers:
             chosen, alone, why = self._search(model, layers, codes, werr, stats)
@@ -384,7 +517,7 @@ class QuantizeWeights(CalibratingPass):
 
 def _nbits_bytes(c: BlockCodes) -> int:
     n, kb, size = c.codes.shape
-    zp = 0 if c.zero_points is None else n * -(-kb * c.bits // 8)
+    zp = 0 if c.zero_points is None else (c.zero_points.nbytes if c.zero_points.dtype == np.float32 else n * -(-kb * c.bits // 8))
     return n * kb * size * c.bits // 8 + c.scales.nbytes + zp
 
 
