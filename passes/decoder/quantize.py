@@ -24,12 +24,14 @@ WEIGHT_FORMATS = {"int4": 4, "int8": 8}
 def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = None,
                      symmetric: bool = True, method: str = "rtn", accuracy_level: int = 4,
                      exclude: str = "", float_zero_points: bool = False,
-                     calib_ids: Optional[Sequence[int]] = None, window: int = 256) -> Tuple[onnx.ModelProto, Dict[str, Any]]:
+                     calib_ids: Optional[Sequence[int]] = None, window: int = 256,
+                     budget: Optional[float] = None, metric: str = "mean-rel",
+                     sensitivity: str = "auto") -> Tuple[onnx.ModelProto, Dict[str, Any]]:
     """``(quantized ModelProto, the pass's statistics)`` of decoder ``proto`` (float32).
 
-    ``calib_ids`` (token ids of calibration text) makes the pass use ``method=gptq`` (else
-    ``method``): the text is cut into ``window``-token prefill chunks, each run with an empty
-    cache (:func:`decoder_feeds`) to collect the layer inputs.
+    ``calib_ids`` (token ids of calibration text) are the calibration feeds of ``method=gptq``
+    and of ``budget`` (the last-token logits' error under ``metric``): the text is cut into
+    ``window``-token prefill chunks, each run with an empty cache (:func:`decoder_feeds`).
 
     Raises:
         UserError: a bad option (see ``QuantizeWeights.Options``).
@@ -42,11 +44,12 @@ def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = N
     with tempfile.TemporaryDirectory(prefix="passctl-decoder-calib-") as folder:
         calib = ""
         if calib_ids is not None:
-            method, calib = "gptq", folder
+            calib = folder
             for k, feed in enumerate(decoder_feeds(proto, np.asarray(calib_ids), window)):
                 np.savez(os.path.join(folder, f"feed{k:03d}.npz"), **feed)
         result = QuantizeWeights(bits=bits, block=block, symmetric=symmetric, method=method,
                                  accuracy_level=accuracy_level, exclude=exclude, calib=calib,
+                                 budget=budget, metric=metric, sensitivity=sensitivity,
                                  float_zero_points=float_zero_points).run(model)
     out = to_onnx(model)
     if not list(out.metadata_props):

@@ -56,6 +56,11 @@ BITS = (4, 8)
 BLOCKS = (0, 16, 32, 64, 128, 256)
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 OUTPUT_RANKING_MAX = 64
+UNBUDGETED_CHECK_BOUND = {8: 3e-2, 4: 2e-1}
+"""The mean-rel bound ``--check`` applies to quantize-weights without ``budget=``: round-to-nearest
+weight error is ~0.6% (int8 per column) and ~10% (int4, block 128) of ||W|| on normal weights,
+an output error of about twice that through two layers;
+give ``budget=`` to have the pass measure and enforce a bound instead."""
 
 
 @dataclass
@@ -367,6 +372,9 @@ class QuantizeWeights(CalibratingPass):
             metric: ``max-rel``, ``mean-rel`` or ``cosine``.
             calib, samples, seed, dims: calibration feeds as for amp / quantize.
             exclude: node names or op types that stay float32 (``;``-separated).
+            sensitivity: ranking for the budget: ``output`` (model-output error with only that
+                layer quantized, one run per layer), ``weight`` (relative weight error, no run)
+                or ``auto`` (``output`` up to 64 layers).
             target: target profile name (default: the compile context's).
         """
 
@@ -383,6 +391,7 @@ class QuantizeWeights(CalibratingPass):
         seed: int = 0
         dims: str = ""
         exclude: str = ""
+        sensitivity: Literal["auto", "output", "weight"] = "auto"
         target: str = "cpu"
 
         def __post_init__(self) -> None:
@@ -406,6 +415,14 @@ class QuantizeWeights(CalibratingPass):
             if self.budget is not None:
                 check_search_options("quantize-weights", self.budget, self.samples,
                                      self.metric, "1e-2")
+
+    def error_budget(self) -> Optional[Tuple[str, float, str]]:
+        """``(metric, budget, label)`` for the numeric check; without ``budget``, mean-rel
+        :data:`UNBUDGETED_CHECK_BOUND` of the bits (the pass measured nothing to bound it by)."""
+        o = self.options
+        if o.budget is None:
+            return "mean-rel", UNBUDGETED_CHECK_BOUND[o.bits], self.budget_label
+        return o.metric, float(o.budget), self.budget_label
 
     def run(self, model: Model) -> PassResult:
         o = self.options
@@ -499,7 +516,9 @@ class QuantizeWeights(CalibratingPass):
         all_low = error_of(layers)
         alone: Dict[int, float] = {}
         rank = {wl.layer.position: werr[wl.layer.position] for wl in layers}
-        if all_low > o.budget and len(layers) <= OUTPUT_RANKING_MAX:
+        per_layer = o.sensitivity == "output" or (o.sensitivity == "auto"
+                                                  and len(layers) <= OUTPUT_RANKING_MAX)
+        if all_low > o.budget and per_layer:
             alone = {wl.layer.position: error_of([wl]) for wl in layers}
             rank = alone
         ranking = sorted(layers, key=lambda wl: (-rank[wl.layer.position], wl.layer.position))
