@@ -22,7 +22,7 @@ WEIGHT_FORMATS = {"int4": 4, "int8": 8}
 
 
 def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = None,
-                     symmetric: bool = True, method: str = "rtn", accuracy_level: int = 4,
+                     symmetric: bool = True, method: str = "rtn", accuracy_level: Optional[int] = None,
                      exclude: str = "", float_zero_points: bool = False,
                      calib_ids: Optional[Sequence[int]] = None, window: int = 256,
                      budget: Optional[float] = None, metric: str = "mean-rel",

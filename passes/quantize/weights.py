@@ -331,8 +331,9 @@ class QuantizeWeights(CalibratingPass):
       2. Codes: :func:`quantize_blocks` (module docstring: round-to-nearest, symmetric Q4_0-style
          or asymmetric with zero points; ``method=mse`` searches a clipping ratio per block).
          ``bits=8`` defaults to one block per column, ``bits=4`` to ``block=128``.
-      3. Activations stay float32; ``accuracy_level`` (default 4 on cpu: int8 dot products, the
-         form whose kernels are fastest at decode) is MatMulNBits' attribute.
+      3. Activations stay float32; ``accuracy_level`` is MatMulNBits' attribute (default 4 for
+         int4: int8 dot products, ONNX Runtime's fast path; 0 for int8, whose per-column int8
+         compute costs SmolLM2 4.4% perplexity).
       4. Budget: none by default (every layer quantized, no model run: what streams on a 7B
          model). With ``budget=``, the all-quantized model's output error on the calibration
          feeds (``calib=`` or seeded random ones, amp's ``output_error`` under ``metric``) is
@@ -367,7 +368,9 @@ class QuantizeWeights(CalibratingPass):
                 [min, max] (llama.cpp Q4_1's grid) instead of uint8 ones.
             method: ``rtn`` (round to nearest), ``mse`` (per-block clipping search) or
                 ``gptq`` (error compensation from the calibration feeds' layer inputs).
-            accuracy_level: MatMulNBits' attribute (0-4; 4: int8 compute).
+            accuracy_level: MatMulNBits' attribute (0-4; 4: int8 compute); None: 4 for 4 bits,
+                0 for 8 bits (int8 compute per column cost SmolLM2 +4.4% perplexity, float
+                compute +0.1%: docs/quantize-weights.md).
             budget: largest model-output error allowed under ``metric``; None: no budget.
             metric: ``max-rel``, ``mean-rel`` or ``cosine``.
             calib, samples, seed, dims: calibration feeds as for amp / quantize.
@@ -383,7 +386,7 @@ class QuantizeWeights(CalibratingPass):
         symmetric: bool = True
         float_zero_points: bool = False
         method: Literal["rtn", "mse", "gptq"] = "rtn"
-        accuracy_level: int = 4
+        accuracy_level: Optional[int] = None
         budget: Optional[float] = None
         metric: Literal["max-rel", "mean-rel", "cosine"] = "mean-rel"
         calib: str = ""
@@ -405,7 +408,7 @@ class QuantizeWeights(CalibratingPass):
             if self.block == 0 and self.bits == 4:
                 raise UserError("quantize-weights: block=0 (per column) is for bits=8; give "
                                 "bits=4 a block of 32, 64 or 128")
-            if not 0 <= self.accuracy_level <= 4:
+            if self.accuracy_level is not None and not 0 <= self.accuracy_level <= 4:
                 raise UserError(f"quantize-weights: accuracy_level={self.accuracy_level}; use "
                                 "0-4 (4: int8 compute)")
             if self.float_zero_points and self.symmetric:
@@ -433,6 +436,7 @@ class QuantizeWeights(CalibratingPass):
                             f"(MatMulNBits); target {target.name} / emitter {emitter} has no "
                             "quantized-weight form yet; use --target cpu")
         block = o.block if o.block is not None else (0 if o.bits == 8 else 128)
+        level = o.accuracy_level if o.accuracy_level is not None else (0 if o.bits == 8 else 4)
         exclude = [e.strip() for e in o.exclude.replace(";", ",").split(",") if e.strip()]
         known = set()
         for nm, n in quantizable_nodes(model.graph):
@@ -445,7 +449,7 @@ class QuantizeWeights(CalibratingPass):
         layers, why_not = _weight_layers(model, exclude)
         stats: Dict[str, Any] = {"bits": o.bits, "block": block or "per-column",
                                  "symmetric": o.symmetric, "method": o.method,
-                                 "accuracy_level": o.accuracy_level}
+                                 "accuracy_level": level}
         rtn_fallback: List[str] = []
         if o.method == "gptq" and layers:
             feeds = calibration_inputs(model, o.calib, o.samples, o.seed,
@@ -473,11 +477,11 @@ class QuantizeWeights(CalibratingPass):
             stats["gptq_rtn_fallback"] = rtn_fallback
         chosen, alone, why = layers, {}, {}
         if o.budget is not None and layers:
-            chosen, alone, why = self._search(model, layers, codes, werr, stats)
+            chosen, alone, why = self._search(model, layers, codes, werr, stats, level)
         before = sum(wl.w.nbytes for wl in layers)
         after = sum(_nbits_bytes(codes[wl.layer.position]) if wl in chosen else wl.w.nbytes
                     for wl in layers)
-        apply_nbits(model, chosen, codes, o.accuracy_level)
+        apply_nbits(model, chosen, codes, level)
         rows: List[Dict[str, Any]] = [{"name": k, "bits": 32, "why": v} for k, v in why_not.items()]
         for wl in layers:
             p = wl.layer.position
@@ -494,7 +498,7 @@ class QuantizeWeights(CalibratingPass):
         logger.info("quantize-weights: %d of %d layers int%d", len(chosen), len(layers), o.bits)
         return PassResult(bool(chosen), stats)
 
-    def _search(self, model, layers, codes, werr, stats):
+    def _search(self, model, layers, codes, werr, stats, accuracy_level):
         o = self.options
         feeds = calibration_inputs(model, o.calib, o.samples, o.seed,
                                    parse_dims(o.dims, self.name), owner=self.name)
@@ -510,7 +514,7 @@ class QuantizeWeights(CalibratingPass):
 
         def error_of(subset):
             trial = clone_model(model)
-            apply_nbits(trial, subset, codes, o.accuracy_level)
+            apply_nbits(trial, subset, codes, accuracy_level)
             return output_error(reference, run_model(trial, feeds, optimize=level), o.metric)
 
         all_low = error_of(layers)
