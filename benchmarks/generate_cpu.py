@@ -15,7 +15,7 @@ scratch folder, and generates the same number of greedy tokens from the same pro
   cache buys (a proxy for that layout, not onnxruntime-genai itself);
 - ``passctl int4`` / ``int8`` (``--weights``, default ``int4``): the same export with
   ``--weights int4`` (MatMulNBits, block 128, symmetric, accuracy_level 4) or ``int8`` (one block
-  per column, accuracy_level 0), docs/quantize-weights.md; its tokens are compared with the fp32 artifact's as the
+  64, accuracy_level 4), docs/quantize-weights.md; its tokens are compared with the fp32 artifact's as the
   number of equal leading tokens (quantized weights change them);
 - ``llama.cpp``: measured only when ``import llama_cpp`` works (llama-cpp-python with the
   shipped Q4_1 GGUF); else "not measured";
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         qout = os.path.join(scratch_dir(f"passctl-generate-bench-{fmt}-"), "smollm2")
         export_from_transformers(model, tokenizer, qout, max_length=args.max_length, source=GGUF,
                                  weight_format=fmt)
-        label = {"int4": "block 128, accuracy_level 4", "int8": "per column, accuracy_level 0"}[fmt]
+        label = {"int4": "block 128, accuracy_level 4", "int8": "block 64, accuracy_level 4"}[fmt]
         runners[f"passctl {fmt} (MatMulNBits, {label})"] = \
             _passctl_runner(qout, ids.numpy(), args.new_tokens, args.threads)
     runs = {name: [] for name in runners}

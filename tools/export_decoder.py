@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
                    help="weight-only quantization of the MatMul/Gemm weights to "
                         "com.microsoft.MatMulNBits (docs/quantize-weights.md; default fp32)")
     p.add_argument("--block", type=int, default=None,
-                   help="K block of --weights (16-256; default 128 for int4, one per column "
+                   help="K block of --weights (16-256, 0: one per column; default 128 for int4, 64 "
                         "for int8)")
     p.add_argument("--asymmetric", action="store_true",
                    help="--weights with zero points (default: symmetric)")

