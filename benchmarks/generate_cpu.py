@@ -14,9 +14,9 @@ scratch folder, and generates the same number of greedy tokens from the same pro
   tensors, lengths from ``attention_mask``), run by the same Generator: what the static in-place
   cache buys (a proxy for that layout, not onnxruntime-genai itself);
 - ``passctl int4`` / ``int8`` (``--weights``, default ``int4``): the same export with
-  ``--weights int4`` (MatMulNBits, block 128, symmetric, accuracy_level 4) or ``int8`` (one block
-  64, accuracy_level 4), docs/quantize-weights.md; its tokens are compared with the fp32 artifact's as the
-  number of equal leading tokens (quantized weights change them);
+  ``--weights int4`` (MatMulNBits, block 128, symmetric, accuracy_level 4) or ``int8`` (block 64,
+  accuracy_level 4), docs/quantize-weights.md; its tokens are compared with the fp32 artifact's
+  as the number of equal leading tokens (quantized weights change them);
 - ``llama.cpp``: measured only when ``import llama_cpp`` works (llama-cpp-python with the
   shipped Q4_1 GGUF); else "not measured";
 - ``onnxruntime-genai``: measured only when ``import onnxruntime_genai`` works AND a model-builder
