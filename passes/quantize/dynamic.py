@@ -100,8 +100,8 @@ class QuantizeDynamic(CalibratingPass):
          which ONNX Runtime's MatMulIntegerToFloat fusion rewrites at ORT_ENABLE_ALL), or
          ``com.microsoft.DynamicQuantizeMatMul(A, B int8, b_scale [N], b_zero_point, bias)``
          (``form=dqmm``). benchmarks/quantize_dynamic.py measures both: the integer form was
-         faster in all three interleaved runs of 2026-12-02 (MiniLM 59 vs 72 ms and 35.1 vs
-         37.1 ms, BERT-base 138 vs 142 ms at seq 128; docs/quantize-weights.md). Weight codes in [-127, 127], or [-63, 63]
+         faster in 4 of 5 interleaved comparisons of 2026-12-02 (MiniLM 59 vs 72 ms, BERT-base
+         138 vs 142 ms at seq 128; the fifth 21.8 vs 21.3 ms; docs/quantize-weights.md). Weight codes in [-127, 127], or [-63, 63]
          on x86 CPUs whose U8S8 kernels saturate int16 pairs (no VNNI:
          ``passctl.support.cpu_isa``, ONNX Runtime's ``reduce_range``).
       3. Budget: the all-int8 model's output error on the calibration feeds (under ``metric``,
