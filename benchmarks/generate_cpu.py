@@ -13,6 +13,12 @@ scratch folder, and generates the same number of greedy tokens from the same pro
   onnxruntime-genai's cpu model builder (a cache that grows each step, past and present separate
   tensors, lengths from ``attention_mask``), run by the same Generator: what the static in-place
   cache buys (a proxy for that layout, not onnxruntime-genai itself);
+- ``passctl int4`` / ``int8`` (``--weights``, default ``int4``): the same export with
+  ``--weights int4`` (MatMulNBits, block 128, symmetric, accuracy_level 4) or ``int8`` (block 64,
+  accuracy_level 4), docs/quantize-weights.md; its tokens are compared with the fp32 artifact's
+  as the number of equal leading tokens (quantized weights change them);
+- ``llama.cpp``: measured only when ``import llama_cpp`` works (llama-cpp-python with the
+  shipped Q4_1 GGUF); else "not measured";
 - ``onnxruntime-genai``: measured only when ``import onnxruntime_genai`` works AND a model-builder
   folder is given with ``--genai-model DIR`` (its builder on the same weights, fp32, cpu); else
   the table says "not measured".
@@ -135,6 +141,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--genai-model", default=None)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds")
+    parser.add_argument("--weights", default="int4",
+                        help="comma-separated quantized rows: int4, int8 (empty: none)")
     parser.add_argument("--no-write", action="store_true", help="do not write benchmarks/results")
     args = parser.parse_args(argv)
     ensure_passctl_importable()
@@ -157,6 +165,13 @@ def main(argv=None) -> int:
         "transformers generate (eager, sdpa, dynamic cache)":
             _transformers_runner(model, ids, args.new_tokens),
     }
+    for fmt in [w for w in args.weights.split(",") if w]:
+        qout = os.path.join(scratch_dir(f"passctl-generate-bench-{fmt}-"), "smollm2")
+        export_from_transformers(model, tokenizer, qout, max_length=args.max_length, source=GGUF,
+                                 weight_format=fmt)
+        label = {"int4": "block 128, accuracy_level 4", "int8": "block 64, accuracy_level 4"}[fmt]
+        runners[f"passctl {fmt} (MatMulNBits, {label})"] = \
+            _passctl_runner(qout, ids.numpy(), args.new_tokens, args.threads)
     runs = {name: [] for name in runners}
     for _ in range(args.rounds):  # interleaved: load from other processes hits every variant
         for name, run in runners.items():
@@ -165,10 +180,14 @@ def main(argv=None) -> int:
     rows = []
     for name, results in runs.items():
         same = all(r[0] == reference for r in results)
+        verdict = "reference" if not rows else ("equal" if same else "DIFFERENT")
+        if name.startswith("passctl int"):
+            lead = next((i for i, (a, b) in enumerate(zip(results[0][0], reference)) if a != b),
+                        len(reference))
+            verdict = f"{lead} of {len(reference)} leading tokens equal (quantized)"
         rows.append((name, statistics.median(r[1] for r in results),
                      statistics.median(r[2] for r in results),
-                     " / ".join(f"{r[2]:.1f}" for r in results),
-                     "reference" if not rows else ("equal" if same else "DIFFERENT")))
+                     " / ".join(f"{r[2]:.1f}" for r in results), verdict))
     p_tps, t_tps = rows[0][2], rows[2][2]
     t_tokens, p_tokens = runs[rows[2][0]][0][0], reference
     genai, why = _genai(args.genai_model, ids[0].tolist(), args.new_tokens)
@@ -191,6 +210,12 @@ def main(argv=None) -> int:
               for name, ttft, tps, each, same in rows]
     if why:
         lines += ["| onnxruntime-genai | - | - | - | " + why + " |"]
+    try:
+        import llama_cpp  # noqa: F401
+        lines += ["| llama.cpp | - | - | - | installed, not wired into this script yet |"]
+    except ImportError:
+        lines += ["| llama.cpp (llama-cpp-python, Q4_1 GGUF) | - | - | - | not measured: "
+                  "llama-cpp-python is not installed |"]
     lines += ["", f"passctl / transformers decode: {p_tps / t_tps:.2f}x"]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -48,6 +48,9 @@ _builtin_modules: List[str] = [
     # Layer-wise mixed precision (issue 8, H13).
     "passctl.passes.precision.amp",
     "passctl.passes.quantize.quantize_int8",
+    # Weight-only int8/int4 and dynamic int8 MatMuls (issue 18).
+    "passctl.passes.quantize.weights",
+    "passctl.passes.quantize.dynamic",
 ]
 
 _PASSES: Dict[str, Type[Pass]] = {}

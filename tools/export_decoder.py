@@ -40,6 +40,14 @@ def add_parser(sub) -> None:
                         "the model's max_position_embeddings)")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="folder with tokenizer.json (for an .onnx MODEL; default: its folder)")
+    p.add_argument("--weights", choices=("fp32", "int8", "int4"), default="fp32",
+                   help="weight-only quantization of the MatMul/Gemm weights to "
+                        "com.microsoft.MatMulNBits (docs/quantize-weights.md; default fp32)")
+    p.add_argument("--block", type=int, default=None,
+                   help="K block of --weights (16-256, 0: one per column; default 128 for int4, 64 "
+                        "for int8)")
+    p.add_argument("--asymmetric", action="store_true",
+                   help="--weights with zero points (default: symmetric)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
 
 
@@ -118,7 +126,8 @@ def _commit(tmp: str, out: str) -> None:
 
 
 def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAULT_MAX_LENGTH,
-                             check: bool = True, source: str = "") -> dict:
+                             check: bool = True, source: str = "", weight_format: str = "fp32",
+                             block: Optional[int] = None, symmetric: bool = True) -> dict:
     """Write the ``passctl-static-kv`` artifact of transformers decoder ``model`` into ``out``.
 
     Args:
@@ -127,7 +136,12 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
         out: output folder (replaced only if it is empty or an earlier decoder artifact).
         max_length: the KV cache length.
         check: run 6 tokens through the artifact and ``model``; last-token logits must agree
-            within 1e-4 relative (max |a - b| / max |b|).
+            within 1e-4 relative (max |a - b| / max |b|). With ``weight_format`` int8/int4 the float32
+            graph is checked so before it is quantized ; the quantized graph's error on the same
+            tokens is recorded in the manifest (``weights.logits_error``).
+        weight_format: ``fp32``, ``int8`` or ``int4``: MatMul/Gemm weights as MatMulNBits
+            (:func:`passctl.passes.decoder.quantize.quantize_decoder`), ``block`` and
+            ``symmetric`` as the quantize-weights pass takes them.
 
     Returns:
         The manifest written to ``out/decoder.json``.
@@ -175,11 +189,53 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
             json.dump(manifest, f, indent=2)
         if check:
             _check(tmp, model, spec.vocab_size)
+        if weight_format != "fp32":
+            manifest["weights"] = _quantize_artifact(tmp, manifest, weight_format, block, symmetric,
+                                                     check)
         _commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def _quantize_artifact(folder: str, manifest: dict, weights: str, block: Optional[int],
+                       symmetric: bool, check: bool) -> dict:
+    """Rewrite ``folder``'s model with quantized weights; returns the manifest's ``weights``."""
+    import onnx
+
+    from passctl.passes.decoder.quantize import WEIGHT_FORMATS, quantize_decoder
+
+    path = os.path.join(folder, "model.onnx")
+    ids = np.array([[1, 42, 7, 1000 % manifest["vocab_size"], 99 % manifest["vocab_size"], 3]],
+                   np.int64)
+    before = _logits(folder, ids) if check else None
+    proto = onnx.load(path)
+    quantized, stats = quantize_decoder(proto, WEIGHT_FORMATS[weights], block, symmetric)
+    del proto
+    os.remove(os.path.join(folder, "model.onnx.data"))
+    onnx.save_model(quantized, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=1024)
+    del quantized
+    manifest["weight_bytes"] = os.path.getsize(os.path.join(folder, "model.onnx.data"))
+    info = {"format": weights, "bits": stats["bits"], "block": stats["block"],
+            "symmetric": symmetric, "accuracy_level": stats["accuracy_level"],
+            "quantized_layers": stats["quantized_layers"], "float_layers": stats["float_layers"],
+            "layers": stats["layers"]}
+    if before is not None:
+        after = _logits(folder, ids)
+        info["logits_error"] = float(f"{max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(after, before)):.4g}")
+    with open(os.path.join(folder, "decoder.json"), "w", encoding="utf-8") as f:
+        json.dump({**manifest, "weights": info}, f, indent=2)
+    return info
+
+
+def _logits(folder: str, ids: np.ndarray):
+    from passctl.targets.onnxruntime.generate import Generator
+
+    gen = Generator(folder)
+    gen.reset(1)
+    return [gen.step(ids[:, :5])[0], gen.step(ids[:, 5:6])[0]]
 
 
 def _check(folder: str, model, vocab: int) -> None:
@@ -275,13 +331,18 @@ def main(args, console) -> int:
     if args.max_length < 2:
         raise UserError(f"--max-length {args.max_length}: give at least 2")
     start = time.perf_counter()
+    if path.endswith(".onnx") and args.weights != "fp32":
+        raise UserError(f"--weights {args.weights} applies to GGUF / transformers sources; "
+                        "quantize an .onnx decoder with `passctl MODEL --pipeline "
+                        "quantize-weights{bits=4}` first")
     if path.endswith(".onnx"):
         manifest = export_from_onnx(path, args.out, args.tokenizer)
     else:
         _prepare_out(args.out)
         model, tokenizer = load_transformers_model(path)
         manifest = export_from_transformers(model, tokenizer, args.out, args.max_length,
-                                            source=args.model)
+                                            source=args.model, weight_format=args.weights,
+                                            block=args.block, symmetric=not args.asymmetric)
     if not args.quiet:
         console.print(f"wrote {args.out}: layout {manifest['layout']}, {manifest['num_layers']} "
                       f"layers, cache {manifest['max_length'] or 'dynamic'}, tokenizer "

@@ -1,0 +1,79 @@
+"""Weight-only quantization of a decoder graph (``passctl export-decoder --weights int4|int8``).
+
+The decoder of :func:`passctl.passes.decoder.graph.build_decoder` keeps its projections as MatMuls
+with constant ``[K, N]`` weights (fused Q/K/V and gate/up) and its LM head as a MatMul (untied) or a
+Gemm(transB=1) over the embedding matrix (tied). :func:`quantize_decoder` runs the
+``quantize-weights`` pass over that graph: every one of them becomes
+``com.microsoft.MatMulNBits`` (the form onnxruntime-genai's model builder writes for int4 CPU
+models); a tied embedding keeps its float32 table for the Gather and the LM head reads a
+quantized copy. docs/quantize-weights.md.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import onnx
+
+WEIGHT_FORMATS = {"int4": 4, "int8": 8}
+
+
+def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = None,
+                     symmetric: bool = True, method: str = "rtn", accuracy_level: Optional[int] = None,
+                     exclude: str = "", float_zero_points: bool = False,
+                     calib_ids: Optional[Sequence[int]] = None, window: int = 256,
+                     budget: Optional[float] = None, metric: str = "mean-rel",
+                     sensitivity: str = "auto") -> Tuple[onnx.ModelProto, Dict[str, Any]]:
+    """``(quantized ModelProto, the pass's statistics)`` of decoder ``proto`` (float32).
+
+    ``calib_ids`` (token ids of calibration text) are the calibration feeds of ``method=gptq``
+    and of ``budget`` (the last-token logits' error under ``metric``): the text is cut into
+    ``window``-token prefill chunks, each run with an empty cache (:func:`decoder_feeds`).
+
+    Raises:
+        UserError: a bad option (see ``QuantizeWeights.Options``).
+    """
+    from passctl.ir import from_onnx, to_onnx
+    from passctl.passes.quantize.weights import QuantizeWeights
+
+    model = from_onnx(proto)
+    meta = list(proto.metadata_props)
+    with tempfile.TemporaryDirectory(prefix="passctl-decoder-calib-") as folder:
+        calib = ""
+        if calib_ids is not None:
+            calib = folder
+            for k, feed in enumerate(decoder_feeds(proto, np.asarray(calib_ids), window)):
+                np.savez(os.path.join(folder, f"feed{k:03d}.npz"), **feed)
+        result = QuantizeWeights(bits=bits, block=block, symmetric=symmetric, method=method,
+                                 accuracy_level=accuracy_level, exclude=exclude, calib=calib,
+                                 budget=budget, metric=metric, sensitivity=sensitivity,
+                                 float_zero_points=float_zero_points).run(model)
+    out = to_onnx(model)
+    if not list(out.metadata_props):
+        out.metadata_props.extend(meta)
+    return out, result.stats
+
+
+def decoder_feeds(proto: onnx.ModelProto, ids: np.ndarray, window: int = 256):
+    """Prefill feeds of a ``passctl-static-kv`` graph: ``ids`` in chunks of ``window`` tokens
+    (the last one dropped when shorter than 2), batch 1, caches of zeros."""
+    shapes = {}
+    for v in proto.graph.input:
+        if v.name.startswith("past_key_values."):
+            dims = v.type.tensor_type.shape.dim
+            shapes[v.name] = (1,) + tuple(d.dim_value for d in dims[1:])
+    for start in range(0, len(ids), window):
+        chunk = ids[start:start + window]
+        if len(chunk) < 2:
+            continue
+        feed = {"input_ids": chunk[None].astype(np.int64),
+                "seqlens_k": np.array([len(chunk) - 1], np.int32),
+                "total_sequence_length": np.array(len(chunk), np.int32)}
+        feed.update({k: np.zeros(s, np.float32) for k, s in shapes.items()})
+        yield feed
+
+
+__all__ = ["WEIGHT_FORMATS", "decoder_feeds", "quantize_decoder"]

@@ -1,0 +1,150 @@
+"""ONNX Runtime forms of quantized MatMuls: ``com.microsoft.MatMulNBits`` (weight-only int4/int8)
+and ``com.microsoft.DynamicQuantizeMatMul`` / ``MatMulInteger`` (dynamic int8 activations).
+
+These are lowering functions called by the quantization passes (``quantize-weights``,
+``quantize-dynamic``) for the onnxruntime emitter; they take the codes the pass computed and
+write them in the layout the kernel reads.
+
+Sources (ONNX Runtime ContribOperators.md, ``com.microsoft.MatMulNBits``, ORT 1.32):
+
+* ``Y = A @ dequant(B)^T (+ bias)``, ``A`` float ``[..., K]``, attributes ``K``, ``N``, ``bits``
+  (4 or 8), ``block_size`` (a power of 2, >= 16) and ``accuracy_level`` (0 unset, 1 fp32, 2 fp16,
+  3 bf16, 4 int8: ``A`` is quantized to int8 per block at run time and the dot products are
+  integer; its x86 kernels need it for int8 compute).
+* ``B`` uint8 ``[N, k_blocks, blob_size]``, ``k_blocks = ceil(K / block_size)``, ``blob_size =
+  block_size * bits / 8``; codes of one column ``n`` along K, packed low nibble first for 4 bits.
+* ``scales`` float ``[N * k_blocks]``; ``zero_points`` uint8 ``[N * ceil(k_blocks * bits / 8)]``
+  (4 bits: two per byte, low nibble first, each column's row padded to whole bytes); absent means
+  ``2^(bits-1)``. ``dequant(B)[n, k] = (code - zero_point) * scale`` of ``k``'s block.
+* inputs 4 ``g_idx`` (left empty) and 5 ``bias`` float ``[N]``.
+
+``DynamicQuantizeMatMul(A, B, b_scale, b_zero_point, bias)``: ``A`` float quantized to uint8 at
+run time (asymmetric, per tensor: ``DynamicQuantizeLinear``'s formula), ``B`` int8 ``[K, N]``,
+``b_scale`` float ``[N]`` (per column) or scalar, ``b_zero_point`` int8 like it, bias float ``[N]``.
+The same math as ``DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul`` (ONNX opset 11 ops),
+which ONNX Runtime's ``MatMulIntegerToFloatFusion`` (ORT_ENABLE_EXTENDED and above) turns into
+``DynamicQuantizeMatMul`` again.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from passctl.dialect.canonical import MS_DOMAIN, ensure_opset
+from passctl.ir import Builder, DataType, Model, Shape, TensorType, Value
+
+NBITS_MIN_BLOCK = 16
+
+
+def pack_nbits(codes: np.ndarray, bits: int) -> np.ndarray:
+    """``B`` of MatMulNBits from codes ``[N, k_blocks, block]`` (uint8 in ``[0, 2^bits)``, K
+    padded to whole blocks): ``[N, k_blocks, block * bits / 8]`` uint8, 4-bit codes two per byte,
+    the even index in the low nibble."""
+    codes = np.asarray(codes, np.uint8)
+    if bits == 8:
+        return np.ascontiguousarray(codes)
+    if bits != 4:
+        raise ValueError(f"MatMulNBits: bits={bits} is not 4 or 8")
+    return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << 4))
+
+
+def pack_zero_points(zp: np.ndarray, bits: int) -> np.ndarray:
+    """MatMulNBits' ``zero_points`` from ``[N, k_blocks]`` uint8 (or float32: passed flat, the
+    kernel's T1 form, ``(code - zp) * scale`` with a fractional zp): flat ``[N * ceil(k_blocks *
+    bits / 8)]``, 4 bits two per byte (low nibble first), each column padded to whole bytes."""
+    if np.asarray(zp).dtype == np.float32:  # float zero points: T1 like scales, unpacked
+        return np.ascontiguousarray(zp, np.float32).reshape(-1)
+    zp = np.asarray(zp, np.uint8)
+    if bits == 8:
+        return zp.reshape(-1).copy()
+    n, kb = zp.shape
+    if kb % 2:
+        zp = np.concatenate([zp, np.zeros((n, 1), np.uint8)], axis=1)
+    return (zp[:, 0::2] | (zp[:, 1::2] << 4)).reshape(-1).copy()
+
+
+def matmul_nbits(b: Builder, model: Model, a: Value, codes: np.ndarray, scales: np.ndarray,
+                 zero_points: Optional[np.ndarray], k: int, bits: int, block: int,
+                 accuracy_level: int, bias: Optional[Value] = None, base: str = "w",
+                 output_names=()) -> Value:
+    """Build ``com.microsoft.MatMulNBits(A, B, scales, zero_points, , bias)`` with ``b``.
+
+    Args:
+        a: the float32 activation ``[..., K]``.
+        codes: uint8 ``[N, k_blocks, block]`` (K padded with codes equal to the zero point).
+        scales: float32 ``[N, k_blocks]``; ``zero_points``: uint8 ``[N, k_blocks]`` or None
+            (the kernel's default ``2^(bits-1)``, symmetric).
+        k: the unpadded K; ``bits``: 4 or 8; ``block``: block size (power of 2, >= 16).
+        accuracy_level: the attribute (4: int8 compute).
+        bias: float32 ``[N]`` value or None.
+
+    Returns:
+        the float32 output ``[..., N]`` (typed from ``a`` when its shape is known).
+    """
+    n = codes.shape[0]
+    ensure_opset(model, MS_DOMAIN, 1)
+    graph = b.graph
+    ins = [a, graph.add_constant(pack_nbits(codes, bits), f"{base}_q{bits}"),
+           graph.add_constant(np.ascontiguousarray(scales, np.float32).reshape(-1),
+                              f"{base}_scales")]
+    ins.append(graph.add_constant(pack_zero_points(zero_points, bits), f"{base}_zero_points")
+               if zero_points is not None else None)
+    if bias is not None:
+        ins += [None, bias]
+    while ins[-1] is None:
+        ins.pop()
+    y = b.op("MatMulNBits", *ins, domain=MS_DOMAIN, K=int(k), N=int(n), bits=int(bits),
+             block_size=int(block), accuracy_level=int(accuracy_level),
+             output_names=output_names or (f"{base}_out",))
+    if a.shape is not None:
+        y.type = TensorType(DataType.FLOAT, Shape(tuple(a.shape)[:-1] + (int(n),)))
+    return y
+
+
+def dynamic_quantize_matmul(b: Builder, model: Model, a: Value, codes: np.ndarray,
+                            scales: np.ndarray, bias: Optional[Value] = None, base: str = "w",
+                            output_names=()) -> Value:
+    """``com.microsoft.DynamicQuantizeMatMul(A, B int8 [K, N], b_scale [N], b_zero_point 0,
+    bias)``: per-column symmetric int8 weights, activations quantized at run time."""
+    ensure_opset(model, MS_DOMAIN, 1)
+    graph = b.graph
+    n = codes.shape[1]
+    ins = [a, graph.add_constant(np.ascontiguousarray(codes, np.int8), f"{base}_int8"),
+           graph.add_constant(np.ascontiguousarray(scales, np.float32).reshape(n),
+                              f"{base}_scale"),
+           graph.add_constant(np.zeros(n, np.int8), f"{base}_zero_point"), bias]
+    while ins[-1] is None:
+        ins.pop()
+    y = b.op("DynamicQuantizeMatMul", *ins, domain=MS_DOMAIN,
+             output_names=output_names or (f"{base}_out",))
+    if a.shape is not None:
+        y.type = TensorType(DataType.FLOAT, Shape(tuple(a.shape)[:-1] + (int(n),)))
+    return y
+
+
+def matmul_integer(b: Builder, model: Model, a: Value, codes: np.ndarray, scales: np.ndarray,
+                   bias: Optional[Value] = None, base: str = "w", output_names=()) -> Value:
+    """The standard-ONNX spelling: ``DynamicQuantizeLinear(A) -> MatMulInteger(a_q, B, a_zp) ->
+    Cast(float) -> Mul(a_scale * b_scale [N]) (-> Add bias)``."""
+    graph = b.graph
+    n = codes.shape[1]
+    q, s, zp = b.op("DynamicQuantizeLinear", a, outputs=3,
+                    output_names=(f"{base}_a_u8", f"{base}_a_scale", f"{base}_a_zp"))
+    w = graph.add_constant(np.ascontiguousarray(codes, np.int8), f"{base}_int8")
+    acc = b.op("MatMulInteger", q, w, zp, output_names=(f"{base}_i32",))
+    f = b.op("Cast", acc, to=int(DataType.FLOAT), output_names=(f"{base}_f32",))
+    scale = b.op("Mul", s, graph.add_constant(np.ascontiguousarray(scales, np.float32).reshape(n),
+                                              f"{base}_scale"), output_names=(f"{base}_scales",))
+    last = output_names if bias is None else ()
+    y = b.op("Mul", f, scale, output_names=last or (f"{base}_out",))
+    if bias is not None:
+        y = b.op("Add", y, bias, output_names=output_names or (f"{base}_biased",))
+    if a.shape is not None:
+        y.type = TensorType(DataType.FLOAT, Shape(tuple(a.shape)[:-1] + (int(n),)))
+    return y
+
+
+__all__ = ["NBITS_MIN_BLOCK", "dynamic_quantize_matmul", "matmul_integer", "matmul_nbits",
+           "pack_nbits", "pack_zero_points"]

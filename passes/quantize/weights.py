@@ -1,0 +1,558 @@
+"""quantize-weights: weight-only int8 / int4 quantization of MatMul and Gemm weights (LLM decode).
+
+The math (:func:`quantize_blocks`) is round-to-nearest on a grid per output column and block of K:
+
+* ``symmetric=true``: ``scale = w_ext / -2^(bits-1)`` where ``w_ext`` is the block's value of
+  largest magnitude, with its sign; codes ``clip(round(w / scale), -2^(bits-1), 2^(bits-1) - 1) +
+  2^(bits-1)``, zero point ``2^(bits-1)`` (MatMulNBits' default, so none is stored). ``w_ext``
+  lands exactly on the code -2^(bits-1), using all 2^bits levels: llama.cpp's Q4_0 / Q8_0 scale
+  choice (ggml-quants.c ``quantize_row_q4_0_ref``: ``d = max / -8``).
+* ``symmetric=false``: the block's range ``[min(w, 0), max(w, 0)]`` on ``2^bits - 1`` steps,
+  ``scale = (max - min) / (2^bits - 1)``, zero point ``round(-min / scale)`` (ONNX Runtime's
+  ``MatMul4BitsQuantizer`` asymmetric blockwise quantization; zero stays exactly representable).
+* ``symmetric=false, float_zero_points=true``: the block's own ``[min, max]`` on ``2^bits - 1``
+  steps with a float zero point ``-min / scale`` (llama.cpp's Q4_1 grid ``w = d * q + m``:
+  a Q4_1 model's weights are reproduced exactly at its block of 32).
+* ``method=mse``: the same grids with the range shrunk by the factor in 1.0, 0.95, ... 0.75 that
+  gives each block the least squared weight error (the weight-clipping search of AWQ, Lin et al.
+  2024, section 3.3 ``auto_clip``, measured on the weights instead of calibration activations).
+
+* ``method=gptq``: GPTQ (Frantar et al. 2023, "GPTQ: Accurate Post-Training Quantization for
+  Generative Pre-trained Transformers", Algorithm 1 with lazy batch updates and groups): rows of K
+  are quantized in order on the grids above (each group's scale from its rows as they are when the
+  group starts), and each row's rounding error is spread over the rows not yet quantized through
+  the inverse Hessian ``H = 2 X^T X / n + damp`` of the layer's calibration inputs ``X``
+  (:func:`layer_hessians`), so ``||X W - X Wq||`` is minimized rather than ``||W - Wq||``.
+
+``block=0`` means one block per column (per-output-channel; padded to a power of 2 rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Literal, Optional, Tuple
+
+import numpy as np
+
+from passctl.ir import Builder, Model, Node
+from passctl.ir.errors import UserError
+from passctl.passes._snapshot import clone_model
+from passctl.passes.base import PassResult
+from passctl.passes.lowering.weight_quant import NBITS_MIN_BLOCK, matmul_nbits
+from passctl.passes.precision.amp import parse_dims
+from passctl.passes.precision.calibrating import CalibratingPass
+from passctl.passes.precision.sensitivity import (calibration_inputs, check_search_options,
+                                                  output_error, run_model, search_fp32_set)
+from passctl.passes.quantize.layers import QuantLayer, find_layers, quantizable_nodes
+from passctl.passes.registry import register_pass
+from passctl.support.profiles import get_target
+
+logger = logging.getLogger(__name__)
+
+BITS = (4, 8)
+BLOCKS = (0, 16, 32, 64, 128, 256)
+CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+OUTPUT_RANKING_MAX = 64
+UNBUDGETED_CHECK_BOUND = {8: 3e-2, 4: 2e-1}
+"""The mean-rel bound ``--check`` applies to quantize-weights without ``budget=``: round-to-nearest
+weight error is ~0.6% (int8 per column) and ~10% (int4, block 128) of ||W|| on normal weights,
+an output error of about twice that through two layers;
+give ``budget=`` to have the pass measure and enforce a bound instead."""
+
+
+@dataclass
+class BlockCodes:
+    """A weight ``[K, N]`` quantized per column and block of K.
+
+    Attributes:
+        codes: uint8 ``[N, k_blocks, block]`` in ``[0, 2^bits)`` (K padded with zeros' codes).
+        scales: float32 ``[N, k_blocks]``.
+        zero_points: uint8 ``[N, k_blocks]`` (float32 with ``float_zero_points``), or None for
+            the symmetric grid (zero point ``2^(bits-1)``).
+        k: the unpadded K; ``bits``; ``block``: the block size used.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    zero_points: Optional[np.ndarray]
+    k: int
+    bits: int
+    block: int
+
+    def dequantize(self) -> np.ndarray:
+        """float32 ``[K, N]``: ``(code - zero_point) * scale`` (MatMulNBits' dequantization)."""
+        zp = (self.zero_points if self.zero_points is not None
+              else np.full(self.scales.shape, 2 ** (self.bits - 1), np.uint8))
+        w = (self.codes.astype(np.float32) - zp[..., None].astype(np.float32)) \
+            * self.scales[..., None]
+        return np.ascontiguousarray(w.reshape(w.shape[0], -1)[:, :self.k].T)
+
+
+def block_size(k: int, block: int) -> int:
+    """The MatMulNBits block size: ``block``, or for ``block=0`` (per column) the smallest power
+    of 2 >= max(K, 16)."""
+    if block:
+        return block
+    return max(NBITS_MIN_BLOCK, 1 << max(0, int(k - 1).bit_length()))
+
+
+def quantize_blocks(w: np.ndarray, bits: int, block: int, symmetric: bool = True,
+                    method: str = "rtn", float_zero_points: bool = False) -> BlockCodes:
+    """Quantize float32 ``w`` ``[K, N]`` (MatMul's B) per column ``n`` and block of ``block`` rows
+    of K (the module docstring's grids; ``block=0``: one block per column).
+
+    Returns:
+        :class:`BlockCodes`; ``dequantize()`` gives the weight the kernel multiplies with.
+    """
+    w = np.asarray(w, np.float32)
+    k, n = w.shape
+    size = block_size(k, block)
+    kb = -(-k // size)
+    wt = np.zeros((n, kb * size), np.float32)
+    wt[:, :k] = w.T
+    wt = wt.reshape(n, kb, size)
+    ratios = CLIP_RATIOS if method == "mse" else (1.0,)
+    best = None
+    for r in ratios:
+        codes, scales, zps = _grid(wt, bits, symmetric, np.float32(r), float_zero_points)
+        zf = (zps if zps is not None else np.full(scales.shape, 2 ** (bits - 1), np.uint8))
+        deq = (codes.astype(np.float32) - zf[..., None].astype(np.float32)) * scales[..., None]
+        err = ((deq - wt) ** 2).sum(-1)
+        if best is None:
+            best = [codes, scales, zps, err]
+            continue
+        better = err < best[3]
+        best[0] = np.where(better[..., None], codes, best[0])
+        best[1] = np.where(better, scales, best[1])
+        if zps is not None:
+            best[2] = np.where(better, zps, best[2])
+        best[3] = np.minimum(err, best[3])
+    return BlockCodes(best[0], best[1].astype(np.float32), best[2], k, bits, size)
+
+
+GPTQ_DAMP = 0.1
+"""GPTQ's dampening: ``H += 0.1 * mean(diag H) * I`` (the paper's percdamp; 0.01 there, with
+~260k calibration tokens; with a few thousand the larger value generalizes better)."""
+GPTQ_BATCH = 128
+"""Rows of K per lazy batch update (GPTQ's B)."""
+
+
+def gptq_blocks(w: np.ndarray, hessian: np.ndarray, bits: int, block: int, symmetric: bool = True,
+                float_zero_points: bool = False) -> BlockCodes:
+    """GPTQ quantization (module docstring) of float32 ``w`` ``[K, N]`` given ``hessian``
+    ``[K, K]`` (``sum x x^T`` over calibration rows, any scale). Returns :class:`BlockCodes`
+    on the same grids as :func:`quantize_blocks`."""
+    w = np.asarray(w, np.float64)
+    k, n = w.shape
+    size = block_size(k, block)
+    kb = -(-k // size)
+    h = np.array(hessian, np.float64)
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0
+    work = np.zeros((kb * size, n), np.float64)
+    work[:k] = w
+    work[:k][dead] = 0.0
+    h += np.eye(k) * GPTQ_DAMP * float(np.mean(np.diag(h)))
+    hinv = np.linalg.cholesky(np.linalg.inv(h)).T  # upper Cholesky factor of H^-1
+    full = np.eye(kb * size)
+    full[:k, :k] = hinv
+    hinv = full
+    codes = np.zeros((n, kb, size), np.uint8)
+    scales = np.zeros((n, kb), np.float32)
+    zps = None if symmetric else np.zeros((n, kb), np.float32 if float_zero_points else np.uint8)
+    half = 2 ** (bits - 1)
+    levels = 2 ** bits
+    rows = kb * size
+    for start in range(0, rows, GPTQ_BATCH):
+        end = min(rows, start + GPTQ_BATCH)
+        wb = work[start:end].copy()
+        err = np.zeros_like(wb)
+        for i in range(end - start):
+            r = start + i
+            g = r // size
+            if r % size == 0:  # a new group: its grid from the rows as they are now
+                group = np.concatenate([wb[i:], work[end:(g + 1) * size]])[:size]
+                c, sc, zp = _grid(group.T[:, None, :].astype(np.float32), bits, symmetric,
+                                  np.float32(1.0), float_zero_points)
+                scales[:, g] = sc[:, 0]
+                if zps is not None:
+                    zps[:, g] = zp[:, 0]
+            sc = scales[:, g].astype(np.float64)
+            if symmetric:
+                q = np.clip(np.rint(wb[i] / sc), -half, half - 1) + half
+                zf = float(half)
+            else:
+                zf = zps[:, g].astype(np.float64)
+                q = np.clip(np.rint(wb[i] / sc + zf) if float_zero_points
+                            else np.rint(wb[i] / sc) + zf, 0, levels - 1)
+            codes[:, g, r % size] = q.astype(np.uint8)
+            deq = (q - zf) * sc
+            e = (wb[i] - deq) / hinv[r, r]
+            wb[i + 1:] -= np.outer(hinv[r, r + 1:end], e)
+            err[i] = e
+        work[end:] -= hinv[start:end, end:].T @ err
+    return BlockCodes(codes, scales, zps, k, bits, size)
+
+
+def layer_hessians(model: Model, layers: List["WeightLayer"], feeds
+                   ) -> Dict[int, Tuple[np.ndarray, int]]:
+    """``{layer position: (sum over calibration rows of x x^T, rows)}`` (float64 ``[K, K]``) of
+    each layer's data input, from one ONNX Runtime run per feed of a copy of ``model`` that
+    returns those inputs too (layers reading one value share its matrix)."""
+    work = clone_model(model)
+    nodes = list(work.graph)
+    by_value: Dict[str, List[int]] = {}
+    for wl in layers:
+        v = nodes[wl.layer.position].inputs[0]
+        if v.name not in by_value:
+            by_value[v.name] = []
+            if not v.is_graph_output():
+                work.graph.outputs = list(work.graph.outputs) + [v]
+        by_value[v.name].append(wl.layer.position)
+    sums: Dict[str, np.ndarray] = {}
+    rows: Dict[str, int] = {}
+    for r in run_model(work, feeds, optimize=True):
+        for name in by_value:
+            x = np.asarray(r[name], np.float64)
+            x = x.reshape(-1, x.shape[-1])
+            sums[name] = sums.get(name, 0) + x.T @ x
+            rows[name] = rows.get(name, 0) + x.shape[0]
+    return {p: (sums[name], rows[name]) for name, ps in by_value.items() for p in ps}
+
+
+def _grid(wt: np.ndarray, bits: int, symmetric: bool, ratio: np.float32,
+          float_zero_points: bool = False):
+    levels = 2 ** bits
+    if symmetric:
+        half = levels // 2
+        idx = np.abs(wt).argmax(-1)[..., None]
+        ext = np.take_along_axis(wt, idx, -1)[..., 0] * ratio
+        scales = ext / np.float32(-half)
+        safe = np.where(scales == 0, np.float32(1), scales)
+        q = np.clip(np.rint(wt / safe[..., None]), -half, half - 1) + half
+        return q.astype(np.uint8), np.where(scales == 0, np.float32(1), scales), None
+    if float_zero_points:
+        lo, hi = wt.min(-1) * ratio, wt.max(-1) * ratio
+        scales = ((hi - lo) / np.float32(levels - 1)).astype(np.float32)
+        scales = np.where(scales == 0, np.float32(1), scales).astype(np.float32)
+        zp = (-lo / scales).astype(np.float32)
+        q = np.clip(np.rint(wt / scales[..., None] + zp[..., None]), 0, levels - 1)
+        return q.astype(np.uint8), scales, zp
+    lo = np.minimum(wt.min(-1), 0) * ratio
+    hi = np.maximum(wt.max(-1), 0) * ratio
+    scales = (hi - lo) / np.float32(levels - 1)
+    scales = np.where(scales == 0, np.float32(1), scales).astype(np.float32)
+    zp = np.clip(np.rint(-lo / scales), 0, levels - 1)
+    q = np.clip(np.rint(wt / scales[..., None]) + zp[..., None], 0, levels - 1)
+    return q.astype(np.uint8), scales, zp.astype(np.uint8)
+
+
+@dataclass
+class WeightLayer:
+    """A MatMul / Gemm whose constant weight can be read by MatMulNBits.
+
+    ``w`` is float32 ``[K, N]`` (a Gemm's transposed B when transB=1, times ``alpha``);
+    ``bias`` the Gemm's C ``[N]`` index or None."""
+
+    layer: QuantLayer
+    w: np.ndarray
+    has_bias: bool
+
+
+def _weight_layers(model: Model, exclude: List[str]) -> Tuple[List[WeightLayer], Dict[str, str]]:
+    layers, skipped = find_layers(model.graph, exclude)
+    nodes = list(model.graph)
+    found: List[WeightLayer] = []
+    why: Dict[str, str] = {k: v.why for k, v in skipped.items() if v.op in ("MatMul", "Gemm")}
+    for l in layers:
+        if l.op not in ("MatMul", "Gemm"):
+            continue
+        node = nodes[l.position]
+        data = node.inputs[0]
+        rank = None if data.shape is None else data.shape.rank
+        if l.op == "MatMul":
+            if rank is not None and rank < 2:
+                why[l.name] = "its data input is 1-D"
+                continue
+            found.append(WeightLayer(l, l.weight, False))
+            continue
+        if node.attr("transA", 0) or float(node.attr("beta", 1.0)) != 1.0:
+            why[l.name] = "Gemm with transA=1 or beta != 1"
+            continue
+        w = l.weight.T if node.attr("transB", 0) else l.weight
+        w = np.ascontiguousarray(w * np.float32(node.attr("alpha", 1.0)), np.float32)
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if c is not None and (c.shape is None or tuple(c.shape) != (w.shape[1],)):
+            why[l.name] = "Gemm whose C is not a [N] bias"
+            continue
+        found.append(WeightLayer(l, w, c is not None))
+    return found, why
+
+
+def apply_nbits(model: Model, chosen: List[WeightLayer], codes: Dict[int, BlockCodes],
+                accuracy_level: int) -> int:
+    """Replace each chosen MatMul / Gemm (by position) by MatMulNBits reading its codes; the
+    float weight is dropped when nothing else reads it. Returns the number of nodes replaced."""
+    graph = model.graph
+    nodes = list(graph)
+    for wl in chosen:
+        node: Node = nodes[wl.layer.position]
+        c = codes[wl.layer.position]
+        b = Builder(graph, provenance=node.provenance, insert=False)
+        bias = node.inputs[2] if wl.has_bias else None
+        old_w = node.inputs[1]
+        y = matmul_nbits(b, model, node.inputs[0], c.codes, c.scales, c.zero_points, c.k,
+                         c.bits, c.block, accuracy_level, bias,
+                         base=(node.name or wl.layer.name).replace("/", "_"),
+                         output_names=(node.outputs[0].name + "_nbits",))
+        if y.type is None:
+            y.type = node.outputs[0].type
+        graph.replace_nodes([node], b.nodes, [node.outputs[0]], [y])
+        if not old_w.uses() and not old_w.is_graph_output() and old_w.is_initializer() \
+                and not old_w.is_graph_input():
+            graph.remove_initializer(old_w.name)
+    return len(chosen)
+
+
+@register_pass
+class QuantizeWeights(CalibratingPass):
+    """Weight-only quantization of MatMul / Gemm weights to int8 (per output channel) or int4
+    (blocks of K), lowered to ONNX Runtime's ``com.microsoft.MatMulNBits``.
+
+    Rules:
+      1. Layers: MatMul with a constant float32 2-D B ``[K, N]`` and Gemm (transA=0, beta=1, C
+         absent or ``[N]``; transB and alpha folded into the weight) with a float32 data input
+         (``passctl.passes.quantize.layers.find_layers``); ``exclude`` names nodes or op types
+         that stay float32. A weight also read elsewhere (a tied embedding's Gather) keeps its
+         float32 copy for those readers.
+      2. Codes: :func:`quantize_blocks` (module docstring: round-to-nearest, symmetric Q4_0-style
+         or asymmetric with zero points; ``method=mse`` searches a clipping ratio per block).
+         ``bits=8`` defaults to ``block=64``, ``bits=4`` to ``block=128`` (``block=0``: one
+         block per output column).
+      3. Activations stay float32; ``accuracy_level`` is MatMulNBits' attribute (default 4:
+         A quantized to int8 per block at run time, integer dot products, ONNX Runtime's fast
+         path; SmolLM2 decode int4 3.9x, int8 2.6x fp32's tokens/s).
+      4. Budget: none by default (every layer quantized, no model run: what streams on a 7B
+         model). With ``budget=``, the all-quantized model's output error on the calibration
+         feeds (``calib=`` or seeded random ones, amp's ``output_error`` under ``metric``) is
+         measured as shipped (``ORT_ENABLE_ALL``); while over it, layers return to float32 in
+         order of their model-output error alone (one run per layer up to 64 layers, else their
+         relative weight error), the fewest leading ones found by amp's ``search_fp32_set``.
+
+    Statistics: ``bits``, ``block``, ``symmetric``, ``method``, ``accuracy_level``,
+    ``quantized_layers``, ``float_layers``, ``layers`` (name, op, K, N, bits, block,
+    ``weight_error``: ||W - Wq||_F / ||W||_F, ``output_error`` when measured, ``why`` for float
+    ones), ``weight_bytes`` (before, after), and with a budget ``budget``, ``metric``,
+    ``error``, ``within_budget``, ``search``.
+
+    Raises:
+        UserError: bad options; a GPU target or a non-onnxruntime emitter (no lowering yet).
+    """
+
+    name = "quantize-weights"
+    summary = "Weight-only int8/int4 MatMul weights (MatMulNBits), optional accuracy budget"
+    budget_label = "quantize-weights"
+
+    @dataclass
+    class Options:
+        """Options of quantize-weights.
+
+        Attributes:
+            bits: 8 or 4.
+            block: block of K per scale: 16, 32, 64, 128, 256, or 0 (one per column, padded
+                to a power of 2); None: 64 for 8 bits, 128 for 4 bits (per column with int8
+                compute cost SmolLM2 +4.4% perplexity, block 64 -0.2%).
+            symmetric: symmetric grid without zero points (true) or with them (false).
+            float_zero_points: with ``symmetric=false``, float zero points on the block's own
+                [min, max] (llama.cpp Q4_1's grid) instead of uint8 ones.
+            method: ``rtn`` (round to nearest), ``mse`` (per-block clipping search) or
+                ``gptq`` (error compensation from the calibration feeds' layer inputs).
+            accuracy_level: MatMulNBits' attribute (0-4; 4: int8 compute); None: 4 (levels 0-3
+                run ONNX Runtime 1.32's 8-bit and float-zero-point kernels 10-20x slower than
+                fp32 at decode: docs/quantize-weights.md).
+            budget: largest model-output error allowed under ``metric``; None: no budget.
+            metric: ``max-rel``, ``mean-rel`` or ``cosine``.
+            calib, samples, seed, dims: calibration feeds as for amp / quantize.
+            exclude: node names or op types that stay float32 (``;``-separated).
+            sensitivity: ranking for the budget: ``output`` (model-output error with only that
+                layer quantized, one run per layer), ``weight`` (relative weight error, no run)
+                or ``auto`` (``output`` up to 64 layers).
+            target: target profile name (default: the compile context's).
+        """
+
+        bits: int = 4
+        block: Optional[int] = None
+        symmetric: bool = True
+        float_zero_points: bool = False
+        method: Literal["rtn", "mse", "gptq"] = "rtn"
+        accuracy_level: Optional[int] = None
+        budget: Optional[float] = None
+        metric: Literal["max-rel", "mean-rel", "cosine"] = "mean-rel"
+        calib: str = ""
+        samples: int = 2
+        seed: int = 0
+        dims: str = ""
+        exclude: str = ""
+        sensitivity: Literal["auto", "output", "weight"] = "auto"
+        target: str = "cpu"
+
+        def __post_init__(self) -> None:
+            """Raises UserError: bits not 4/8, a block not in :data:`BLOCKS`, accuracy_level
+            outside 0-4, an unknown method, or a bad budget/samples/metric."""
+            if self.bits not in BITS:
+                raise UserError(f"quantize-weights: bits={self.bits}; use 4 or 8")
+            if self.block is not None and self.block not in BLOCKS:
+                raise UserError(f"quantize-weights: block={self.block}; use one of "
+                                f"{', '.join(map(str, BLOCKS))} (0: one block per column)")
+            if self.block == 0 and self.bits == 4:
+                raise UserError("quantize-weights: block=0 (per column) is for bits=8; give "
+                                "bits=4 a block of 32, 64 or 128")
+            if self.accuracy_level is not None and not 0 <= self.accuracy_level <= 4:
+                raise UserError(f"quantize-weights: accuracy_level={self.accuracy_level}; use "
+                                "0-4 (4: int8 compute)")
+            if self.float_zero_points and self.symmetric:
+                raise UserError("quantize-weights: float_zero_points=true needs symmetric=false")
+            if self.method not in ("rtn", "mse", "gptq"):
+                raise UserError(f"quantize-weights: method={self.method}; use rtn, mse or gptq")
+            if self.budget is not None:
+                check_search_options("quantize-weights", self.budget, self.samples,
+                                     self.metric, "1e-2")
+
+    def error_budget(self) -> Optional[Tuple[str, float, str]]:
+        """``(metric, budget, label)`` for the numeric check; without ``budget``, mean-rel
+        :data:`UNBUDGETED_CHECK_BOUND` of the bits (the pass measured nothing to bound it by)."""
+        o = self.options
+        if o.budget is None:
+            return "mean-rel", UNBUDGETED_CHECK_BOUND[o.bits], self.budget_label
+        return o.metric, float(o.budget), self.budget_label
+
+    def run(self, model: Model) -> PassResult:
+        o = self.options
+        target = get_target(o.target)
+        emitter = self._emitter or target.default_emitter
+        if target.is_gpu or emitter != "onnxruntime":
+            raise UserError(f"quantize-weights: lowering is built for ONNX Runtime on the cpu "
+                            f"(MatMulNBits); target {target.name} / emitter {emitter} has no "
+                            "quantized-weight form yet; use --target cpu")
+        block = o.block if o.block is not None else (64 if o.bits == 8 else 128)
+        level = o.accuracy_level if o.accuracy_level is not None else 4
+        exclude = [e.strip() for e in o.exclude.replace(";", ",").split(",") if e.strip()]
+        known = set()
+        for nm, n in quantizable_nodes(model.graph):
+            known.update((nm, n.name, n.op_type, *n.provenance))
+        for e in exclude:
+            if e not in known:
+                raise UserError(f"quantize-weights: exclude entry '{e}' names no MatMul/Gemm "
+                                "node of the model; give a node name or op type")
+        start = time.perf_counter()
+        layers, why_not = _weight_layers(model, exclude)
+        stats: Dict[str, Any] = {"bits": o.bits, "block": block or "per-column",
+                                 "symmetric": o.symmetric, "method": o.method,
+                                 "accuracy_level": level}
+        rtn_fallback: List[str] = []
+        if o.method == "gptq" and layers:
+            feeds = calibration_inputs(model, o.calib, o.samples, o.seed,
+                                       parse_dims(o.dims, self.name), owner=self.name)
+            hessians = layer_hessians(model, layers, feeds)
+            stats["calibration_feeds"] = len(feeds)
+            codes = {}
+            for wl in layers:  # fewer calibration rows than K: H is singular, round to nearest
+                h, rows = hessians[wl.layer.position]
+                codes[wl.layer.position] = (
+                    gptq_blocks(wl.w, h, o.bits, block, o.symmetric, o.float_zero_points)
+                    if rows >= wl.w.shape[0] else
+                    quantize_blocks(wl.w, o.bits, block, o.symmetric, "rtn", o.float_zero_points))
+                if rows < wl.w.shape[0]:
+                    rtn_fallback.append(wl.layer.name)
+        else:
+            codes = {wl.layer.position: quantize_blocks(wl.w, o.bits, block, o.symmetric,
+                                                        o.method, o.float_zero_points)
+                     for wl in layers}
+        werr = {p: _rel(c.dequantize(), wl.w)
+                for p, c, wl in ((wl.layer.position, codes[wl.layer.position], wl)
+                                 for wl in layers)}
+        stats["quantize_seconds"] = round(time.perf_counter() - start, 3)
+        if rtn_fallback:
+            stats["gptq_rtn_fallback"] = rtn_fallback
+        chosen, alone, why = layers, {}, {}
+        if o.budget is not None and layers:
+            chosen, alone, why = self._search(model, layers, codes, werr, stats, level)
+        before = sum(wl.w.nbytes for wl in layers)
+        after = sum(_nbits_bytes(codes[wl.layer.position]) if wl in chosen else wl.w.nbytes
+                    for wl in layers)
+        apply_nbits(model, chosen, codes, level)
+        rows: List[Dict[str, Any]] = [{"name": k, "bits": 32, "why": v} for k, v in why_not.items()]
+        for wl in layers:
+            p = wl.layer.position
+            row = {"name": wl.layer.name, "op": wl.layer.op, "K": int(wl.w.shape[0]),
+                   "N": int(wl.w.shape[1]), "bits": o.bits if p not in why else 32,
+                   "block": codes[p].block, "weight_error": _round(werr[p])}
+            if p in alone:
+                row["output_error"] = _round(alone[p])
+            if p in why:
+                row["why"] = why[p]
+            rows.append(row)
+        stats.update(quantized_layers=len(chosen), float_layers=len(rows) - len(chosen),
+                     layers=rows, weight_bytes=[int(before), int(after)])
+        logger.info("quantize-weights: %d of %d layers int%d", len(chosen), len(layers), o.bits)
+        return PassResult(bool(chosen), stats)
+
+    def _search(self, model, layers, codes, werr, stats, accuracy_level):
+        o = self.options
+        feeds = calibration_inputs(model, o.calib, o.samples, o.seed,
+                                   parse_dims(o.dims, self.name), owner=self.name)
+        level = self.shipped_optimization()
+        try:
+            reference = run_model(model, feeds)
+        except Exception as e:  # the user's model or feeds
+            first = str(e).splitlines()[0][:300] if str(e) else ""
+            raise UserError(f"quantize-weights: ONNX Runtime cannot run the float32 model on the "
+                            f"calibration feeds ({type(e).__name__}: {first}); fix the feeds "
+                            "(calib=, dims=)") from e
+        start = time.perf_counter()
+
+        def error_of(subset):
+            trial = clone_model(model)
+            apply_nbits(trial, subset, codes, accuracy_level)
+            return output_error(reference, run_model(trial, feeds, optimize=level), o.metric)
+
+        all_low = error_of(layers)
+        alone: Dict[int, float] = {}
+        rank = {wl.layer.position: werr[wl.layer.position] for wl in layers}
+        per_layer = o.sensitivity == "output" or (o.sensitivity == "auto"
+                                                  and len(layers) <= OUTPUT_RANKING_MAX)
+        if all_low > o.budget and per_layer:
+            alone = {wl.layer.position: error_of([wl]) for wl in layers}
+            rank = alone
+        ranking = sorted(layers, key=lambda wl: (-rank[wl.layer.position], wl.layer.position))
+        result = search_fp32_set(ranking, lambda k: error_of(ranking[k:]), o.budget, {0: all_low})
+        stats.update(budget=o.budget, metric=o.metric, measured_with=level,
+                     calibration_feeds=len(feeds), error=_round(result.error),
+                     within_budget=result.within_budget and not math.isnan(result.error),
+                     search={"seconds": round(time.perf_counter() - start, 3),
+                             "sensitivity": "output" if alone else "weight",
+                             "history": [[k, _round(e)] for k, e in result.history]})
+        why = {wl.layer.position: f"measured sensitivity (rank {r + 1})"
+               for r, wl in enumerate(ranking[:result.count])}
+        return ranking[result.count:], alone, why
+
+
+def _nbits_bytes(c: BlockCodes) -> int:
+    n, kb, size = c.codes.shape
+    zp = 0 if c.zero_points is None else (c.zero_points.nbytes if c.zero_points.dtype == np.float32 else n * -(-kb * c.bits // 8))
+    return n * kb * size * c.bits // 8 + c.scales.nbytes + zp
+
+
+def _rel(a: np.ndarray, ref: np.ndarray) -> float:
+    den = float(np.linalg.norm(ref))
+    return float(np.linalg.norm(a - ref)) / den if den > 0 else 0.0
+
+
+def _round(x: float) -> Any:
+    return float(f"{x:.4g}") if math.isfinite(x) else str(x)
+
+
+__all__ = ["BlockCodes", "QuantizeWeights", "apply_nbits", "block_size", "quantize_blocks"]
