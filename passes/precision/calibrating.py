@@ -60,6 +60,32 @@ class CalibratingPass(Pass):
         emitter = self._emitter or get_target(self.options.target).default_emitter
         return check_optimization(emitter)
 
+    def reference_run(self, model, dims) -> Tuple[list, list, str]:
+        """``(feeds, reference outputs, level)``: the calibration feeds of the options (``calib``,
+        ``samples``, ``seed``; ``dims``: the parsed ``dims`` option), the float model's outputs on them (ONNX Runtime,
+        optimizations off) and the level the trial graphs are measured at
+        (:meth:`shipped_optimization`).
+
+        Raises:
+            UserError: the feeds cannot be made, or ONNX Runtime cannot run the float model on
+                them (one line naming the pass and what to fix).
+        """
+        from passctl.ir.errors import UserError
+        from passctl.passes.precision.sensitivity import calibration_inputs, run_model
+
+        o = self.options
+        feeds = calibration_inputs(model, o.calib, o.samples, o.seed, dims, owner=self.name)
+        try:
+            reference = run_model(model, feeds)
+        except UserError:
+            raise
+        except Exception as e:  # the user's model or feeds
+            first = str(e).splitlines()[0][:300] if str(e) else ""
+            raise UserError(f"{self.name}: ONNX Runtime cannot run the float32 model on the "
+                            f"calibration feeds ({type(e).__name__}: {first}); fix the feeds "
+                            "(calib=, dims=)") from e
+        return feeds, reference, self.shipped_optimization()
+
     def error_budget(self) -> Optional[Tuple[str, float, str]]:
         """``(metric, budget, budget_label)``: the output error this pass accepts."""
         return self.options.metric, float(self.options.budget), self.budget_label

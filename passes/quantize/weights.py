@@ -502,16 +502,7 @@ class QuantizeWeights(CalibratingPass):
 
     def _search(self, model, layers, codes, werr, stats, accuracy_level):
         o = self.options
-        feeds = calibration_inputs(model, o.calib, o.samples, o.seed,
-                                   parse_dims(o.dims, self.name), owner=self.name)
-        level = self.shipped_optimization()
-        try:
-            reference = run_model(model, feeds)
-        except Exception as e:  # the user's model or feeds
-            first = str(e).splitlines()[0][:300] if str(e) else ""
-            raise UserError(f"quantize-weights: ONNX Runtime cannot run the float32 model on the "
-                            f"calibration feeds ({type(e).__name__}: {first}); fix the feeds "
-                            "(calib=, dims=)") from e
+        feeds, reference, level = self.reference_run(model, parse_dims(o.dims, self.name))
         start = time.perf_counter()
 
         def error_of(subset):

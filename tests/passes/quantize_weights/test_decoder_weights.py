@@ -13,7 +13,7 @@ import onnx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "decoder"))
-from helpers import tiny_model, word_tokenizer  # noqa: E402
+from decoder_helpers import tiny_model, word_tokenizer  # noqa: E402
 
 from passctl.ir.errors import UserError  # noqa: E402
 from passctl.targets.onnxruntime.generate import Generator  # noqa: E402
