@@ -255,6 +255,11 @@ def replacement_conflict(old_nodes: Sequence[Node], new_nodes: Sequence[Node],
     known, else its own inferred type.
     """
     inside = {id(n) for n in old_nodes}
+    for n in new_nodes:  # e.g. Add(conv, conv) -> FusedConv(..., Z=conv): Z is the removed Conv's
+        for v in n.inputs:
+            if v is not None and v.producer is not None and id(v.producer) in inside:
+                return (f"the replacement reads '{v.name}', an output of node "
+                        f"'{v.producer.name}' that the rewrite removes")
     outer = [v for n in old_nodes for v in n.inputs
              if v is not None and (v.producer is None or id(v.producer) not in inside)]
     made = {id(n) for n in new_nodes}

@@ -248,3 +248,32 @@ def test_lowering_form_that_changes_a_shape_is_refused_and_the_next_form_used():
     assert result.stats["refused"] == 1 and result.stats["lowered"] == 1
     assert "HardSwish->wrong" not in result.stats
     _same_run(proto, to_onnx(model))
+
+
+def test_a_replacement_reading_a_removed_nodes_output_is_refused(tmp_path):
+    """Add(conv, conv) + Relu (the fuzzer's quantize:1855): the residual rule would make
+    FusedConv(x, w, b, Z=conv) read the Conv it removes; the rewrite is refused, the model compiles
+    and matches ONNX Runtime on the original."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from passctl.support.check import run_onnxruntime
+    from passctl.tools.cli import main
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+         helper.make_node("Add", ["c", "c"], ["a"], name="double"),
+         helper.make_node("Relu", ["a"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+        [numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")])
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main([path, "-p", "cleanup,fuse", "-o", str(tmp_path / "out"), "-q"]) == 0
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    want = run_onnxruntime(path, {"x": x})["y"]
+    got = run_onnxruntime(str(tmp_path / "out" / "model.onnx"), {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
