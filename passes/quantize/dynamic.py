@@ -19,9 +19,10 @@ from passctl.passes.precision.amp import parse_dims
 from passctl.passes.precision.calibrating import CalibratingPass
 from passctl.passes.precision.sensitivity import (calibration_inputs, check_search_options,
                                                   output_error, run_model, search_fp32_set)
-from passctl.passes.quantize.layers import constant_array, quantizable_nodes
+from passctl.passes.quantize.layers import constant_array
 from passctl.passes.quantize.scales import quantize_weight, weight_scales
-from passctl.passes.quantize.weights import WeightLayer, _weight_layers
+from passctl.passes.quantize.weights import (WeightLayer, _weight_layers, cpu_onnxruntime_only,
+                                             parse_exclude)
 from passctl.passes.registry import register_pass
 from passctl.support.cpu_isa import WEIGHT_QMAX_EXACT, WEIGHT_QMAX_NO_SATURATION
 from passctl.support.profiles import get_target
@@ -158,22 +159,13 @@ class QuantizeDynamic(CalibratingPass):
         o = self.options
         target = get_target(o.target)
         emitter = self._emitter or target.default_emitter
-        if target.is_gpu or emitter != "onnxruntime":
-            raise UserError(f"quantize-dynamic: dynamic int8 is built for ONNX Runtime on the "
-                            f"cpu; target {target.name} / emitter {emitter} has no form; use "
-                            "--target cpu (GPU targets: quantize{calib=...})")
+        cpu_onnxruntime_only("quantize-dynamic", target, emitter,
+                             "use --target cpu (GPU targets: quantize{calib=...})")
         reduce_range = o.reduce_range
         if reduce_range is None:
             reduce_range = bool(target.isa is not None and target.isa.u8s8_saturates)
         qmax = WEIGHT_QMAX_NO_SATURATION if reduce_range else WEIGHT_QMAX_EXACT
-        exclude = [e.strip() for e in o.exclude.replace(";", ",").split(",") if e.strip()]
-        known = set()
-        for nm, n in quantizable_nodes(model.graph):
-            known.update((nm, n.name, n.op_type, *n.provenance))
-        for e in exclude:
-            if e not in known:
-                raise UserError(f"quantize-dynamic: exclude entry '{e}' names no MatMul/Gemm "
-                                "node of the model; give a node name or op type")
+        exclude = parse_exclude(model, o.exclude, self.name)
         layers, why_not = _weight_layers(model, exclude)
         stats: Dict[str, Any] = {"form": o.form, "weight_qmax": qmax, "budget": o.budget,
                                  "metric": o.metric}

@@ -262,6 +262,36 @@ class WeightLayer:
     has_bias: bool
 
 
+def cpu_onnxruntime_only(owner: str, target, emitter: str, hint: str) -> None:
+    """Refuse a target or emitter other than ONNX Runtime on the CPU (the only home of the
+    MatMulNBits / DynamicQuantizeMatMul kernels these passes lower to).
+
+    Raises:
+        UserError: a GPU target or another emitter; ``hint`` says what to do instead.
+    """
+    if target.is_gpu or emitter != "onnxruntime":
+        raise UserError(f"{owner}: lowering is built for ONNX Runtime on the cpu; target "
+                        f"{target.name} / emitter {emitter} has no form; {hint}")
+
+
+def parse_exclude(model: Model, text: str, owner: str) -> List[str]:
+    """The ``exclude`` option (comma- or semicolon-separated node names, op types or provenance
+    names) as a list, each entry checked against the model's MatMul/Gemm nodes.
+
+    Raises:
+        UserError: an entry names no quantizable node.
+    """
+    exclude = [e.strip() for e in text.replace(";", ",").split(",") if e.strip()]
+    known = set()
+    for nm, n in quantizable_nodes(model.graph):
+        known.update((nm, n.name, n.op_type, *n.provenance))
+    for e in exclude:
+        if e not in known:
+            raise UserError(f"{owner}: exclude entry '{e}' names no MatMul/Gemm node of the "
+                            "model; give a node name or op type")
+    return exclude
+
+
 def _weight_layers(model: Model, exclude: List[str]) -> Tuple[List[WeightLayer], Dict[str, str]]:
     layers, skipped = find_layers(model.graph, exclude)
     nodes = list(model.graph)
@@ -433,20 +463,11 @@ class QuantizeWeights(CalibratingPass):
         o = self.options
         target = get_target(o.target)
         emitter = self._emitter or target.default_emitter
-        if target.is_gpu or emitter != "onnxruntime":
-            raise UserError(f"quantize-weights: lowering is built for ONNX Runtime on the cpu "
-                            f"(MatMulNBits); target {target.name} / emitter {emitter} has no "
-                            "quantized-weight form yet; use --target cpu")
+        cpu_onnxruntime_only("quantize-weights", target, emitter,
+                             "use --target cpu (MatMulNBits has no other form yet)")
         block = o.block if o.block is not None else (64 if o.bits == 8 else 128)
         level = o.accuracy_level if o.accuracy_level is not None else 4
-        exclude = [e.strip() for e in o.exclude.replace(";", ",").split(",") if e.strip()]
-        known = set()
-        for nm, n in quantizable_nodes(model.graph):
-            known.update((nm, n.name, n.op_type, *n.provenance))
-        for e in exclude:
-            if e not in known:
-                raise UserError(f"quantize-weights: exclude entry '{e}' names no MatMul/Gemm "
-                                "node of the model; give a node name or op type")
+        exclude = parse_exclude(model, o.exclude, self.name)
         start = time.perf_counter()
         layers, why_not = _weight_layers(model, exclude)
         stats: Dict[str, Any] = {"bits": o.bits, "block": block or "per-column",
