@@ -308,7 +308,9 @@ def write_reproducer(found: Dict[str, Any], folder: str, original: str, inputs: 
 def main(args, console) -> int:
     from passctl.passes.registry import load_plugin_file
     from passctl.support.inputs import make_inputs
-    from passctl.tools.compare import check_output_folder, load_inputs, parse_bound, parse_dims
+    from passctl.support.dims import parse_dim_args
+    from passctl.support.input_files import load_input_file
+    from passctl.tools.compare import check_output_folder, parse_bound
 
     metric, bound = parse_bound(args.bound)
     folder = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".bisect"
@@ -317,8 +319,8 @@ def main(args, console) -> int:
         load_plugin_file(path)
     if not os.path.isfile(args.model):
         raise UserError(f"'{args.model}' is not a file; give the original .onnx")
-    inputs = load_inputs(args.inputs) or make_inputs(args.model, seed=args.seed,
-                                                     dim_values=parse_dims(args.dim))
+    inputs = load_input_file(args.inputs) or make_inputs(args.model, seed=args.seed,
+                                                         dim_values=parse_dim_args(args.dim))
     found = bisect(args.model, args.pipeline, args.target, metric, bound, inputs)
 
     def say(text: str) -> None:

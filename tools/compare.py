@@ -598,27 +598,6 @@ def parse_bound(text: str) -> Tuple[str, float]:
     return metric, number
 
 
-def parse_dims(items: Sequence[str]) -> Dict[str, int]:
-    out = {}
-    for item in items:
-        name, sep, size = item.partition("=")
-        if not sep or not size.isdigit():
-            raise UserError(f"--dim '{item}': give NAME=SIZE, e.g. batch=1")
-        out[name] = int(size)
-    return out
-
-
-def load_inputs(path: Optional[str]) -> Optional[Dict[str, np.ndarray]]:
-    if path is None:
-        return None
-    try:
-        with np.load(path) as data:
-            return {k: data[k] for k in data.files}
-    except Exception as e:
-        raise UserError(f"--inputs '{path}': cannot read it as .npz ({e}); give numpy.savez "
-                        "output keyed by input name") from e
-
-
 def check_output_folder(path: str, option: str = "-o") -> None:
     """Raises UserError: ``path`` exists and is not a folder (checked before any run)."""
     if os.path.exists(path) and not os.path.isdir(path):
@@ -632,8 +611,11 @@ def main(args, console) -> int:
         raise UserError(f"'{args.original}' is not a file; give the original .onnx")
     model, label = load_candidate(args.original, args.candidate, args.pipeline, args.target,
                                   args.load)
-    report = compare(args.original, model, load_inputs(args.inputs), metric, bound, args.seed,
-                     parse_dims(args.dim), label)
+    from passctl.support.dims import parse_dim_args
+    from passctl.support.input_files import load_input_file
+
+    report = compare(args.original, model, load_input_file(args.inputs) or None, metric, bound,
+                     args.seed, parse_dim_args(args.dim), label)
     os.makedirs(args.output, exist_ok=True)
     _write_atomic(os.path.join(args.output, "compare.json"),
                   json.dumps(report.to_dict(), indent=1))
