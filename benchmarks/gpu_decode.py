@@ -1,0 +1,415 @@
+"""LLM decode on the H200: passctl's Triton decode step as one CUDA graph against transformers
+(issues 17 and 18), every variant in one run.
+
+    python benchmarks/gpu_decode.py check      # numerics: teacher-forced logits vs torch fp32
+    python benchmarks/gpu_decode.py sweep      # GEMV tile sweep on the LLaMA-7B shapes -> json
+    python benchmarks/gpu_decode.py bench [--configs FILE] [--tokens 256] [--prompt 16]
+
+``check``: random-weight Llama configs (GQA 2048-wide 4 layers; SmolLM2-135M's shape, 9 query /
+3 KV heads of 64), fp16 on the GPU; the fp32 torch model (same weights) generates greedily and
+its tokens are teacher-forced through passctl's prefill + decode steps; per-step cosine of the
+logits (bound 0.999 for fp16) and max-rel; int8 / int4 weight-only reported beside.
+``bench``: LLaMA-7B shape (hidden 4096, 32 layers, 32 heads, FFN 11008, vocab 32000), random fp16
+weights (std 0.02), batch 1, a ``--prompt``-token prompt, ``--tokens`` new tokens greedy:
+the weight-streaming floor (weight bytes / measured device copy bandwidth per token),
+transformers ``generate`` (sdpa, dynamic cache), transformers with the static cache (it compiles
+the forward with torch.compile), passctl fp16 / int8 / int4; and time to first token for a
+512-token prompt. Times are wall-clock around the whole generate call (median of ``--repeat``),
+after a warm-up call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from passctl_path import ensure_passctl_importable  # noqa: E402
+
+ensure_passctl_importable()
+
+from passctl.targets.tvm import triton_decode as K  # noqa: E402
+from passctl.targets.tvm.triton_decoder import GemvConfig, TritonDecoder  # noqa: E402
+
+LLAMA_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                max_position_embeddings=4096, rms_norm_eps=1e-6)
+
+
+def _model(cfg_kwargs, dtype=torch.float16, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(**cfg_kwargs)
+    cfg._attn_implementation = "sdpa"
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(dtype).eval()
+    return cfg, model
+
+
+def check(args) -> int:
+    configs = {
+        "gqa-2048x4": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=4,
+                           num_attention_heads=16, num_key_value_heads=4, vocab_size=32000,
+                           max_position_embeddings=1024, rms_norm_eps=1e-5),
+        "smollm2-135m-shape": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                                   max_position_embeddings=2048, rms_norm_eps=1e-5,
+                                   tie_word_embeddings=True, rope_theta=100000.0),
+    }
+    worst = 1.0
+    rows = []
+    for name, kw in configs.items():
+        cfg, model = _model(kw, torch.float32)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        prompt = torch.randint(0, cfg.vocab_size, (1, 16), device="cuda", generator=gen)
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=32, do_sample=False)
+            ref_logits = model(out).logits[0].float()
+        ids = prompt[0].tolist()
+        forced = out[0, 16:].tolist()
+        sd16 = {k: v.detach().half() for k, v in model.state_dict().items()}
+        variants = [(16, v) for v in ("unfused", "fused", "fused-pdl") if v in args.variants] \
+            + [(8, "fused"), (4, "fused")]
+        for wbits, variant in variants:
+            if variant.endswith("pdl") and not K.HAS_PDL:
+                continue
+            try:
+                # split 16: the 48 tokens span three chunks, so the merge combines real ones
+                dec = TritonDecoder(sd16, cfg, max_length=128, wbits=wbits, split=16,
+                                    group=128 if cfg.hidden_size % 128 == 0 else 64,
+                                    gemv=_configs(args.configs, wbits) if variant != "unfused" else None,
+                                    inv_freq=model.model.rotary_emb.inv_freq,
+                                    fuse_attention=variant != "unfused", pdl=variant.endswith("pdl"))
+                dec.prefill(ids)
+                cos, rel = [], []
+                for j in range(len(forced)):
+                    r = ref_logits[15 + j]
+                    got = dec.logits
+                    cos.append(torch.nn.functional.cosine_similarity(got, r, dim=0).item())
+                    rel.append(((got - r).abs().max() / r.abs().max()).item())
+                    if j + 1 < len(forced):
+                        dec.tok.fill_(forced[j])
+                        dec.decode_step()
+                dec.capture()
+                toks = dec.generate(ids, 32)
+            except Exception as exc:  # noqa: BLE001  (report the variant, go on)
+                print(f"{name} w{wbits} {variant}: FAILED {type(exc).__name__}: {str(exc)[:400]}",
+                      flush=True)
+                worst = 0.0 if wbits == 16 and variant != "fused-pdl" else worst
+                continue
+            same = sum(a == b for a, b in zip(toks, forced))
+            rows.append((name, wbits, variant, min(cos), max(rel), same))
+            if wbits == 16:
+                worst = min(worst, min(cos))
+            del dec
+        del model
+        torch.cuda.empty_cache()
+    print("| config | weights | variant | min cosine over 32 steps | max rel | greedy tokens equal fp32 torch (graph replay) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, wbits, variant, c, r, same in rows:
+        print(f"| {name} | {'fp16' if wbits == 16 else f'int{wbits} RTN'} | {variant} | {c:.6f} | {r:.2e} | {same}/32 |")
+    print(f"fp16 worst cosine {worst:.6f} (bound 0.999): {'OK' if worst >= 0.999 else 'MISS'}")
+    return 0 if worst >= 0.999 else 1
+
+
+SHAPES = {"qkv": (12288, 4096, 1), "o": (4096, 4096, 0), "gate_up": (22016, 4096, 1),
+          "down": (4096, 11008, 2), "lm_head": (32000, 4096, 1)}
+
+
+def _weights(n, k, wbits, copies=4):
+    """``copies`` independent weights (together larger than the L2 cache, so every launch
+    streams from HBM)."""
+    from passctl.targets.tvm.triton_decoder import quantize_rtn
+
+    ws = []
+    for _ in range(copies):
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
+        ws.append((w, w) if wbits == 16 else quantize_rtn(w, wbits, 128))
+    return ws
+
+
+def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50):
+    """Mean time of one GEMV launch (CUDA events around a CUDA graph of ``iters`` launches,
+    each on the next of the weight copies) and the weight bytes per second it streams. With
+    ``cfg.split_k`` > 1 the output is the float32 residual, added into in place (the O / down
+    projections' use)."""
+    from passctl.targets.tvm import triton_decode as K
+    from passctl.targets.tvm.triton_decoder import triton_cdiv
+
+    copies = len(ws)
+    x = torch.randn(2 * k if prologue == 2 else k, device="cuda", dtype=torch.float32)
+    g = torch.ones(k, device="cuda")
+    split = cfg.split_k
+    out = torch.zeros(n, device="cuda", dtype=torch.float32 if split > 1 else torch.float16)
+
+    def launch(i):
+        w, s = ws[i % copies]
+        K.gemv_kernel[(triton_cdiv(n, cfg.block_n), split)](
+            w.view(torch.uint8) if wbits == 8 else w, s, x, g, out, out, N=n, K=k, EPS=1e-6,
+            WBITS=wbits, GROUP=128, PROLOGUE=prologue, HAS_RES=split > 1, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, SPLIT_K=split, num_warps=cfg.num_warps)
+
+    for i in range(3):
+        launch(i)
+    torch.cuda.synchronize()
+    # The launches replayed as one CUDA graph, as the decode step runs them: timed back to back
+    # from Python, a launch costs ~20 us of host time, more than a small GEMV takes.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            launch(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end) / iters
+    nbytes = ws[0][0].numel() * ws[0][0].element_size() + (0 if wbits == 16 else ws[0][1].numel() * 4)
+    return ms, nbytes / ms / 1e9
+
+
+#: the sweep's grid per (bits, projection): split-K only where the output is the residual
+def _grid(wbits, name):
+    bks = {16: (256, 512, 1024), 8: (256, 512, 1024), 4: (256, 512)}[wbits]
+    splits = (1, 2, 4) if name in ("o", "down") else (1,)
+    bns = (4, 8, 16) if name in ("o", "down") else (8, 16, 32)
+    return [GemvConfig(bn, bk, nw, sk) for bn in bns for bk in bks for nw in (4, 8)
+            for sk in splits if not (sk > 1 and bk > 512)]
+
+
+def sweep(args) -> int:
+    best = {}
+    t0 = time.time()
+    names = args.shapes or list(SHAPES)
+    for wbits in args.wbits:
+        for name in names:
+            n, k, pro = SHAPES[name]
+            results = []
+            ws = _weights(n, k, wbits)
+            for cfg in _grid(wbits, name):
+                try:
+                    ms, tbs = _time_gemv(ws, n, k, pro, wbits, cfg)
+                except Exception as exc:  # noqa: BLE001  (a config out of registers / shared memory)
+                    print(f"  {name} w{wbits} {cfg}: {type(exc).__name__}")
+                    continue
+                results.append((ms, tbs, cfg))
+            del ws
+            results.sort(key=lambda r: r[0])
+            ms, tbs, cfg = results[0]
+            best[f"{wbits}:{name}"] = dict(block_n=cfg.block_n, block_k=cfg.block_k,
+                                           num_warps=cfg.num_warps, split_k=cfg.split_k,
+                                           us=round(ms * 1000, 2), TBps=round(tbs, 3))
+            print(f"w{wbits:<2} {name:8s} [{n}x{k}] best {cfg} {ms * 1000:.1f} us {tbs:.2f} TB/s "
+                  f"({len(results)} configs, {time.time() - t0:.0f} s)", flush=True)
+    print(f"sweep took {time.time() - t0:.0f} s")
+    out = args.out or os.path.join(os.environ.get("OUT", "."), "gemv_configs.json")
+    if os.path.exists(out):  # keep the entries of shapes / bits not swept this time
+        with open(out) as f:
+            best = {**json.load(f), **best}
+    with open(out, "w") as f:
+        json.dump(best, f, indent=1)
+    print("wrote", out)
+    return 0
+
+
+def _configs(path, wbits):
+    if not path:
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    return {name: GemvConfig(v["block_n"], v["block_k"], v["num_warps"], v.get("split_k", 1))
+            for key, v in data.items() for b, name in [key.split(":")] if int(b) == wbits}
+
+
+def _copy_bandwidth() -> float:
+    a = torch.empty(2 ** 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(20):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t) / 20
+    del a, b
+    return 2 * 2 ** 30 / dt  # bytes read + written per second
+
+
+def _timed(fn, repeat):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench(args) -> int:
+    cfg, model = _model(LLAMA_7B)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt), device="cuda", generator=gen)
+    long_prompt = torch.randint(0, cfg.vocab_size, (1, 512), device="cuda", generator=gen)
+    n = args.tokens
+    bw = _copy_bandwidth()
+    weight_bytes = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                       if "embed_tokens" not in name) + cfg.hidden_size * 2
+    rows = []
+    floor = weight_bytes / bw * n
+    rows.append(("weight-streaming floor (weight bytes / copy bandwidth per token)", floor, None))
+    print(f"weights read per token {weight_bytes / 1e9:.2f} GB, copy bandwidth {bw / 1e12:.2f} TB/s, "
+          f"floor {floor:.3f} s", flush=True)
+
+    results = {}
+    if not args.skip_transformers:
+        def hf_dynamic():
+            with torch.no_grad():
+                return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        t = _timed(hf_dynamic, 1)
+        ref_tokens = hf_dynamic()[0, args.prompt:].tolist()
+        rows.append(("transformers generate, sdpa, dynamic cache", t, None))
+        print(f"transformers dynamic {t:.3f} s", flush=True)
+        model.generation_config.cache_implementation = "static"
+        t0 = time.perf_counter()
+
+        def hf_static():
+            with torch.no_grad():
+                return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        hf_static()
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
+        t = _timed(hf_static, 2)
+        rows.append((f"transformers generate, static cache (torch.compile; first call {compile_s:.0f} s)",
+                     t, None))
+        print(f"transformers static {t:.3f} s (first {compile_s:.1f} s)", flush=True)
+
+        def hf_ttft():
+            with torch.no_grad():
+                return model.generate(long_prompt, max_new_tokens=1, do_sample=False)
+        hf_ttft()
+        results["hf_ttft"] = _timed(hf_ttft, 3)
+        model.generation_config.cache_implementation = None
+    else:
+        ref_tokens = None
+
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    ids = prompt[0].tolist()
+    max_length = args.max_length or -(-(args.prompt + n) // 64) * 64
+    for wbits in args.wbits:
+        for variant in args.variants:
+            fused, pdl = variant != "unfused", variant.endswith("pdl")
+            if pdl and not K.HAS_PDL:
+                print(f"passctl w{wbits} {variant}: skipped, this Triton has no PDL")
+                continue
+            gemv = _configs(args.configs, wbits) or {}
+            if not fused:  # the previous step: 7 kernels per layer, no split-K
+                gemv = {k: GemvConfig(c.block_n, c.block_k, c.num_warps) for k, c in gemv.items()}
+            label = ("fp16" if wbits == 16 else f"int{wbits} weight-only (RTN)") + f", {variant}"
+            try:
+                t0 = time.perf_counter()
+                dec = TritonDecoder(sd, cfg, max_length=max_length, wbits=wbits, gemv=gemv,
+                                    inv_freq=model.model.rotary_emb.inv_freq,
+                                    fuse_attention=fused, pdl=pdl)
+                dec.prefill(ids)
+                dec.capture()
+                torch.cuda.synchronize()
+                setup = time.perf_counter() - t0
+                t = _timed(lambda: dec.generate(ids, n), args.repeat)
+                toks = dec.generate(ids, n)
+                # decode alone: graph replays
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                dec.prefill(ids)
+                start.record()
+                for _ in range(n - 1):
+                    dec.graph.replay()
+                end.record()
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001  (report the variant, go on with the rest)
+                print(f"passctl {label}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                dec = None
+                torch.cuda.empty_cache()
+                continue
+            ms_tok = start.elapsed_time(end) / (n - 1)
+            frac = dec.weight_bytes / (ms_tok / 1e3) / bw
+            agree = None if ref_tokens is None else sum(a == b for a, b in zip(toks, ref_tokens))
+            rows.append((f"passctl {label}", t,
+                         dict(ms_tok=ms_tok, frac=frac, agree=agree, setup=setup,
+                              gb=dec.weight_bytes / 1e9)))
+            print(f"passctl {label}: {t:.3f} s, {ms_tok:.2f} ms/token, {frac * 100:.0f}% of copy "
+                  f"bandwidth, tokens equal transformers {agree}/{n}, setup {setup:.1f} s", flush=True)
+            del dec
+            torch.cuda.empty_cache()
+    # time to first token, 512-token prompt (prefill + the first token; no graph involved)
+    dec = TritonDecoder(sd, cfg, max_length=576, wbits=16, gemv=_configs(args.configs, 16),
+                        inv_freq=model.model.rotary_emb.inv_freq)
+    results["ttft"] = _timed(lambda: dec.prefill(long_prompt[0].tolist()), 3)
+    del dec
+    torch.cuda.empty_cache()
+
+    base = next((r[1] for r in rows if r[0].startswith("transformers generate, sdpa")), None)
+    print()
+    print(f"LLaMA-7B shape, batch 1, prompt {args.prompt}, {n} new tokens, greedy; "
+          f"{torch.cuda.get_device_name()}")
+    print("| variant | s for %d tokens | ms / token | x transformers eager | notes |" % n)
+    print("| --- | --- | --- | --- | --- |")
+    for name, t, extra in rows:
+        ratio = f"{base / t:.2f}x" if base else "-"
+        note = ""
+        if extra:
+            note = (f"decode {extra['ms_tok']:.2f} ms/token = {extra['frac'] * 100:.0f}% of copy "
+                    f"bandwidth over {extra['gb']:.2f} GB; greedy tokens equal transformers "
+                    f"{extra['agree']}/{n}")
+        print(f"| {name} | {t:.3f} | {t / n * 1e3:.2f} | {ratio} | {note} |")
+    print(f"time to first token, 512-token prompt: passctl fp16 {results['ttft'] * 1e3:.1f} ms"
+          + (f", transformers static cache (compiled) {results['hf_ttft'] * 1e3:.1f} ms"
+             if "hf_ttft" in results else ""))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=("check", "sweep", "bench", "all"))
+    p.add_argument("--configs", default=None, help="GEMV tile json from `sweep`")
+    p.add_argument("--out", default=None)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--prompt", type=int, default=16)
+    p.add_argument("--max-length", type=int, default=0,
+                   help="KV cache length (default: prompt + tokens rounded up to 64, as "
+                        "transformers' static cache sizes it)")
+    p.add_argument("--variants", nargs="+", default=["unfused", "fused", "fused-pdl"],
+                   choices=("unfused", "fused", "fused-pdl"),
+                   help="unfused: 7 kernels per layer (rotary and merge apart), no split-K; "
+                        "fused: 5 per layer + split-K O / down; fused-pdl: and programmatic "
+                        "dependent launch")
+    p.add_argument("--shapes", nargs="+", default=None, choices=tuple(SHAPES),
+                   help="projections the sweep tunes (default all)")
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--wbits", type=int, nargs="+", default=[16, 8, 4])
+    p.add_argument("--skip-transformers", action="store_true")
+    args = p.parse_args(argv)
+    if args.mode == "all":  # check, then sweep, then bench with the swept tiles
+        rc = check(args)
+        sweep(args)
+        args.configs = args.out or os.path.join(os.environ.get("OUT", "."), "gemv_configs.json")
+        return bench(args) or rc
+    return {"check": check, "sweep": sweep, "bench": bench}[args.mode](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

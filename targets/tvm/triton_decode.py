@@ -1,0 +1,456 @@
+"""Triton kernels of a Llama-style decode step at batch 1 (issue 17, build item 3).
+
+Decode at batch 1 reads every weight once per token and does two FLOPs per weight, so its time is
+set by memory bandwidth (the weight-streaming floor: weight bytes / bandwidth per token). These
+kernels are written for that regime:
+
+* :func:`gemv_kernel` streams a row-major ``[N, K]`` weight (``nn.Linear``'s layout) in
+  ``[BLOCK_N, BLOCK_K]`` tiles with float32 accumulation; optional fused prologues (RMSNorm of the
+  input vector, SiLU-gated input ``silu(g) * u`` of the MLP) and epilogue (residual add in place),
+  so a decoder layer needs no separate norm / activation / add kernels. Weights fp16 / bf16, int8
+  with one scale per output channel, or int4 with one scale per block of ``GROUP`` inputs
+  (weight-only quantization, issue 18: the weight is dequantized in registers, never in memory).
+* :func:`rotary_cache_kernel` applies rotary embedding (rotate-half, Su et al. 2021, as
+  transformers' ``apply_rotary_pos_emb``) to Q and K at the current position and writes K and V
+  into the static KV cache in place.
+* :func:`decode_attention_kernel` / :func:`decode_attention_reduce_kernel`: split-KV decode
+  attention (flash-decoding, Dao et al. 2023, "Flash-Decoding for long-context inference"): each
+  program reduces one chunk of the cache with a local softmax (max, sum, weighted V); a second
+  kernel combines the chunks with their max-rescaled sums. Grouped-query attention reads each
+  KV head once for its ``GROUP`` query heads.
+* :func:`argmax_kernel`: greedy sampling on the device; it also advances the position counter, so
+  one step reads its position and token from device memory and a captured CUDA graph replays
+  with no host work.
+
+Positions and tokens live in device memory (int32), never in kernel arguments: every launch of a
+step is identical, which is what lets the step be captured once as a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+try:  # grid dependency control (programmatic dependent launch), sm_90+; Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAS_PDL = True
+except ImportError:  # pragma: no cover - older Triton: the PDL variant is not offered
+    HAS_PDL = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """With ``PDL`` (the kernel launched with ``launch_pdl=True``): wait until the previous
+    kernel of the stream has finished and its writes are visible (``griddepcontrol.wait``), then
+    let the next kernel's programs launch early (``griddepcontrol.launch_dependents``) so its
+    launch latency and ramp-up overlap this kernel's tail. Every kernel of the decode step
+    calls this before touching memory another kernel writes, so the order of the step holds
+    transitively (PTX ISA, "griddepcontrol"; CUDA programming guide, "Programmatic Dependent
+    Launch")."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
+def embed_kernel(tok_ptr, emb_ptr, x_ptr, K: tl.constexpr, BLOCK: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    """``x[r, :] = float32(emb[tok[r], :])`` for row ``r = program_id(0)``: token embeddings
+    into the float32 residual stream ``[S, K]``."""
+    _pdl_enter(PDL)
+    r = tl.program_id(0)
+    t = tl.load(tok_ptr + r).to(tl.int64)
+    for k0 in range(0, K, BLOCK):
+        cols = k0 + tl.arange(0, BLOCK)
+        v = tl.load(emb_ptr + t * K + cols, mask=cols < K, other=0.0)
+        tl.store(x_ptr + r * K + cols, v.to(tl.float32), mask=cols < K)
+
+
+@triton.jit
+def rmsnorm_kernel(x_ptr, g_ptr, out_ptr, K: tl.constexpr, EPS: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """``out[r] = x[r] / sqrt(mean(x[r]^2) + EPS) * g`` for row ``r = program_id(0)`` of
+    ``[S, K]`` (prefill; the decode GEMV fuses this into its prologue)."""
+    r = tl.program_id(0)
+    sq = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        cols = k0 + tl.arange(0, BLOCK)
+        xv = tl.load(x_ptr + r * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+        sq += xv * xv
+    inv = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + EPS)
+    for k0 in range(0, K, BLOCK):
+        cols = k0 + tl.arange(0, BLOCK)
+        xv = tl.load(x_ptr + r * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+        gv = tl.load(g_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+        tl.store(out_ptr + r * K + cols, (xv * inv * gv).to(out_ptr.dtype.element_ty),
+                 mask=cols < K)
+
+
+@triton.jit
+def silu_mul_kernel(gu_ptr, out_ptr, K: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[r, k] = silu(gu[r, k]) * gu[r, K + k]`` for row ``r = program_id(0)`` (prefill)."""
+    r = tl.program_id(0)
+    for k0 in range(0, K, BLOCK):
+        cols = k0 + tl.arange(0, BLOCK)
+        g = tl.load(gu_ptr + r * 2 * K + cols, mask=cols < K, other=0.0).to(tl.float32)
+        u = tl.load(gu_ptr + r * 2 * K + K + cols, mask=cols < K, other=0.0).to(tl.float32)
+        tl.store(out_ptr + r * K + cols, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty),
+                 mask=cols < K)
+
+
+@triton.jit
+def heads_to_rows_kernel(src_ptr, dst_ptr, S: tl.constexpr, D: tl.constexpr):
+    """``dst[s, h, :] = src[h, s, :]`` for ``(s, h) = program_id(0, 1)``: the prefill attention
+    kernel's ``[H, S, D]`` output as the O projection's ``[S, H * D]`` input."""
+    s = tl.program_id(0)
+    h = tl.program_id(1)
+    H = tl.num_programs(1)
+    d = tl.arange(0, D)
+    tl.store(dst_ptr + (s * H + h) * D + d, tl.load(src_ptr + (h * S + s) * D + d))
+
+
+@triton.jit
+def _input(x_ptr, norm_ptr, cols, ok, inv_rms, K: tl.constexpr, PROLOGUE: tl.constexpr):
+    """The GEMV's input vector at ``cols`` (float32), after its prologue (see gemv_kernel)."""
+    if PROLOGUE == 1:
+        xv = tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32) * inv_rms \
+            * tl.load(norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    elif PROLOGUE == 2:
+        g = tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + K + cols, mask=ok, other=0.0).to(tl.float32)
+        xv = g / (1.0 + tl.exp(-g)) * u
+    else:
+        xv = tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    return xv
+
+
+@triton.jit
+def _biased_to_f32(u, BIAS: tl.constexpr):
+    """``float32(u - BIAS)`` for small non-negative integers ``u`` (uint32, below 2^23) without
+    an int-to-float conversion: OR-ing ``u`` into the mantissa of 2^23 gives the float
+    ``2^23 + u`` exactly, and one float subtraction removes the offset (the "magic number"
+    dequantization of FasterTransformer and Marlin: conversions run at a quarter of the FMA
+    rate on sm_90, integer logic and float adds at full rate)."""
+    return (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + BIAS)
+
+
+@triton.jit
+def gemv_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
+                N: tl.constexpr, K: tl.constexpr, EPS: tl.constexpr,
+                WBITS: tl.constexpr, GROUP: tl.constexpr,
+                PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr = 1,
+                PDL: tl.constexpr = False):
+    """``out[n] = sum_k W[n, k] * x'[k] (+ res[n])`` for ``BLOCK_N`` rows n per program.
+
+    Args:
+        w_ptr: the weight, row-major ``[N, K]``: fp16 / bf16 (``WBITS`` 16); int8 (``WBITS`` 8,
+            passed as a uint8 view of the int8 values, ``scale_ptr`` fp32 ``[N]``:
+            ``W = w * scale[n]``); or int4 (``WBITS`` 4: uint8
+            ``[N, K / 2]``, element ``2j`` in the low nibble, ``2j + 1`` in the high one, value
+            ``nibble - 8``; ``scale_ptr`` fp32 ``[N, K / GROUP]``).
+        x_ptr: the input vector. ``PROLOGUE`` 0: ``x'`` = x (any float dtype, ``[K]``);
+            1: RMSNorm, ``x' = x / sqrt(mean(x^2) + EPS) * norm[k]`` (x float32 ``[K]``,
+            ``norm_ptr`` the gain; Zhang & Sennrich 2019); 2: SiLU-gated, x ``[2K]`` = gate then
+            up, ``x' = silu(x[k]) * x[K + k]`` (Shazeer 2020, SwiGLU).
+        res_ptr: with ``HAS_RES``, float32 ``[N]`` added to the result (may be ``out_ptr``: each
+            program reads and writes only its own rows, so the update is in place).
+        out_ptr: ``[N]``, float32 or fp16 (the store casts).
+        SPLIT_K: programs per row block along K (grid axis 1), each summing
+            ``ceil(K / SPLIT_K)`` inputs (a multiple of ``BLOCK_K``) and adding its partial
+            into ``out`` with a float32 atomic add: more bytes in flight for short, wide
+            weights (split-K). Requires ``HAS_RES`` with ``res_ptr`` = ``out_ptr`` float32 (the
+            residual is already in ``out``); the sum order then varies run to run in the last
+            bits of float32.
+    """
+    _pdl_enter(PDL)
+    pid = tl.program_id(0)
+    KS: tl.constexpr = ((K + SPLIT_K - 1) // SPLIT_K + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    k_lo = tl.program_id(1) * KS
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    inv_rms = 1.0
+    if PROLOGUE == 1:
+        sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+            sq += xv * xv
+        inv_rms = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + EPS)
+    if WBITS == 4:
+        # Tiles of NG groups x GW inputs: one scale per (row, group), loaded once per tile;
+        # the packed bytes and x are read contiguously, x split into even / odd elements.
+        tl.static_assert((GROUP % BLOCK_K == 0) or (BLOCK_K % GROUP == 0))
+        NG: tl.constexpr = BLOCK_K // GROUP if BLOCK_K >= GROUP else 1
+        GW: tl.constexpr = GROUP if BLOCK_K >= GROUP else BLOCK_K
+        GH: tl.constexpr = GW // 2
+        acc = tl.zeros((BLOCK_N, NG, GH), dtype=tl.float32)
+        gi = tl.arange(0, NG)
+        jj = tl.arange(0, GW)
+        jh = tl.arange(0, GH)
+        for k0 in range(k_lo, k_lo + KS, BLOCK_K):
+            cols = k0 + gi[:, None] * GW + jj[None, :]
+            xv = _input(x_ptr, norm_ptr, cols, cols < K, inv_rms, K, PROLOGUE)
+            x0, x1 = tl.split(tl.reshape(xv, (NG, GH, 2)))
+            half = (k0 + gi[:, None] * GW) // 2 + jh[None, :]
+            m3 = row_ok[:, None, None] & (half * 2 < K)[None, :, :]
+            b = tl.load(w_ptr + rows[:, None, None] * (K // 2) + half[None, :, :], mask=m3,
+                        other=0x88).to(tl.uint32)
+            lo = _biased_to_f32(b & 15, 8)
+            hi = _biased_to_f32(b >> 4, 8)
+            grp = (k0 + gi * GW) // GROUP
+            sc = tl.load(scale_ptr + rows[:, None] * (K // GROUP) + grp[None, :],
+                         mask=row_ok[:, None] & (grp < K // GROUP)[None, :], other=0.0)
+            acc += (lo * x0[None, :, :] + hi * x1[None, :, :]) * sc[:, :, None]
+        y = tl.sum(tl.sum(acc, 2), 1)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(k_lo, k_lo + KS, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            ok = cols < K
+            xv = _input(x_ptr, norm_ptr, cols, ok, inv_rms, K, PROLOGUE)
+            if WBITS == 8:
+                # w_ptr read as uint8: two's complement q; q + 128 = u ^ 0x80
+                u = tl.load(w_ptr + rows[:, None] * K + cols[None, :],
+                            mask=row_ok[:, None] & ok[None, :], other=0x80).to(tl.uint32)
+                acc += _biased_to_f32(u ^ 0x80, 128) * xv[None, :]
+            else:
+                w = tl.load(w_ptr + rows[:, None] * K + cols[None, :],
+                            mask=row_ok[:, None] & ok[None, :], other=0.0)
+                acc += w.to(tl.float32) * xv[None, :]
+        y = tl.sum(acc, 1)
+        if WBITS == 8:
+            y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
+    if SPLIT_K > 1:
+        tl.atomic_add(out_ptr + rows, y, mask=row_ok, sem="relaxed")
+    else:
+        if HAS_RES:
+            y += tl.load(res_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def rotary_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                        H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, M: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    """Rotary embedding and the KV cache write for head ``i = program_id(0)`` of row
+    ``r = program_id(1)``, at position ``p = pos[0] + r``.
+
+    ``qkv``: ``[S, (H + 2 KVH) * D]``, each row Q heads, K heads, V heads (the fused projection's
+    output); ``cos`` / ``sin``: float32 ``[M, D / 2]``. Program ``i < H`` writes rotated Q head i
+    to ``q_out[r, i, :]`` (``[S, H, D]``, the cache dtype); program ``H + j`` writes rotated K head
+    j to ``k_cache[j, p, :]`` and V head j to ``v_cache[j, p, :]`` (caches ``[KVH, M, D]``).
+    Rotate-half: ``(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)`` over the two halves.
+    """
+    _pdl_enter(PDL)
+    i = tl.program_id(0)
+    r = tl.program_id(1)
+    p = tl.load(pos_ptr) + r
+    HALF: tl.constexpr = D // 2
+    d = tl.arange(0, HALF)
+    c = tl.load(cos_ptr + p * HALF + d)
+    s = tl.load(sin_ptr + p * HALF + d)
+    row = r * (H + 2 * KVH) * D
+    base = i * D
+    x1 = tl.load(qkv_ptr + row + base + d).to(tl.float32)
+    x2 = tl.load(qkv_ptr + row + base + HALF + d).to(tl.float32)
+    r1 = x1 * c - x2 * s
+    r2 = x2 * c + x1 * s
+    if i < H:
+        qrow = r * H * D
+        tl.store(q_out_ptr + qrow + base + d, r1.to(q_out_ptr.dtype.element_ty))
+        tl.store(q_out_ptr + qrow + base + HALF + d, r2.to(q_out_ptr.dtype.element_ty))
+    else:
+        j = i - H
+        dst = j * M * D + p * D
+        tl.store(k_cache_ptr + dst + d, r1.to(k_cache_ptr.dtype.element_ty))
+        tl.store(k_cache_ptr + dst + HALF + d, r2.to(k_cache_ptr.dtype.element_ty))
+        vbase = (H + KVH + j) * D
+        v1 = tl.load(qkv_ptr + row + vbase + d)
+        v2 = tl.load(qkv_ptr + row + vbase + HALF + d)
+        tl.store(v_cache_ptr + dst + d, v1.to(v_cache_ptr.dtype.element_ty))
+        tl.store(v_cache_ptr + dst + HALF + d, v2.to(v_cache_ptr.dtype.element_ty))
+
+
+@triton.jit
+def decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, pos_ptr, cos_ptr, sin_ptr,
+                            part_o_ptr, part_m_ptr, part_l_ptr, count_ptr, out_ptr,
+                            H: tl.constexpr, KVH: tl.constexpr, GROUP: tl.constexpr,
+                            D: tl.constexpr, M: tl.constexpr, SPLIT: tl.constexpr,
+                            NSPLIT: tl.constexpr, SCALE: tl.constexpr, BLOCK_G: tl.constexpr,
+                            BLOCK_S: tl.constexpr, ROTARY: tl.constexpr, MERGE: tl.constexpr,
+                            PDL: tl.constexpr = False):
+    """One chunk of split-KV decode attention for one KV head and its ``GROUP`` query heads.
+
+    Program (kv head j, chunk c) reads cache rows ``c * SPLIT .. c * SPLIT + SPLIT - 1`` that are
+    ``<= pos[0]`` (causal: the cache holds ``pos + 1`` tokens), and writes for each of its query
+    heads h the chunk's max score ``part_m[h, c]``, its sum of exponentials ``part_l[h, c]`` and
+    its unnormalized output ``part_o[h, c, :]`` (float32). A chunk past the end writes
+    ``m = -inf, l = 0, o = 0``. Caches ``[KVH, M, D]``; ``part_*`` ``[H, NSPLIT(, D)]``.
+
+    ``ROTARY``: ``q_ptr`` is the fused projection's output ``[(H + 2 KVH) * D]`` (Q heads, K
+    heads, V heads, before rotary): each program rotates its query heads at position ``pos``
+    (rotate-half, as :func:`rotary_cache_kernel`), and the program whose chunk holds ``pos``
+    rotates K head j, writes K and V at ``pos`` into the caches and uses them in place of the
+    rows it read (so no separate rotary / cache-write kernel runs). Else ``q_ptr`` is the
+    rotated query ``[H, D]`` and the cache already holds row ``pos``.
+
+    ``MERGE``: the last program of KV head j to finish (a float-free atomic counter
+    ``count[j]``, int32 ``[KVH]``, zero between steps) merges the chunks of its query heads into
+    ``out[h, :]`` as :func:`decode_attention_reduce_kernel` does and resets ``count[j]``; else
+    that kernel runs next.
+    """
+    _pdl_enter(PDL)
+    j = tl.program_id(0)
+    c = tl.program_id(1)
+    pos = tl.load(pos_ptr)
+    HALF: tl.constexpr = D // 2
+    g = tl.arange(0, BLOCK_G)
+    g_ok = g < GROUP
+    heads = j * GROUP + g
+    dh = tl.arange(0, HALF)
+    qa = q_ptr + heads[:, None] * D + dh[None, :]
+    q1 = tl.load(qa, mask=g_ok[:, None], other=0.0).to(tl.float32)
+    q2 = tl.load(qa + HALF, mask=g_ok[:, None], other=0.0).to(tl.float32)
+    t = c * SPLIT + tl.arange(0, SPLIT)
+    t_ok = t <= pos
+    kv = j * M * D + t[:, None] * D + dh[None, :]
+    k1 = tl.load(k_cache_ptr + kv, mask=t_ok[:, None], other=0.0).to(tl.float32)
+    k2 = tl.load(k_cache_ptr + kv + HALF, mask=t_ok[:, None], other=0.0).to(tl.float32)
+    v1 = tl.load(v_cache_ptr + kv, mask=t_ok[:, None], other=0.0).to(tl.float32)
+    v2 = tl.load(v_cache_ptr + kv + HALF, mask=t_ok[:, None], other=0.0).to(tl.float32)
+    if ROTARY:
+        cs = tl.load(cos_ptr + pos * HALF + dh)
+        sn = tl.load(sin_ptr + pos * HALF + dh)
+        r1 = q1 * cs[None, :] - q2 * sn[None, :]
+        q2 = q2 * cs[None, :] + q1 * sn[None, :]
+        q1 = r1
+        mine = (pos // SPLIT) == c
+        kb = q_ptr + (H + j) * D + dh
+        vb = q_ptr + (H + KVH + j) * D + dh
+        nk1 = tl.load(kb).to(tl.float32)
+        nk2 = tl.load(kb + HALF).to(tl.float32)
+        nv1 = tl.load(vb).to(tl.float32)
+        nv2 = tl.load(vb + HALF).to(tl.float32)
+        rk1 = nk1 * cs - nk2 * sn
+        rk2 = nk2 * cs + nk1 * sn
+        dst = j * M * D + pos * D + dh
+        ty = k_cache_ptr.dtype.element_ty
+        mask_mine = (dh < HALF) & mine
+        tl.store(k_cache_ptr + dst, rk1.to(ty), mask=mask_mine)
+        tl.store(k_cache_ptr + dst + HALF, rk2.to(ty), mask=mask_mine)
+        tl.store(v_cache_ptr + dst, nv1.to(ty), mask=mask_mine)
+        tl.store(v_cache_ptr + dst + HALF, nv2.to(ty), mask=mask_mine)
+        # the row at pos as the cache dtype holds it (rounded like the stored copy)
+        new = (t == pos)[:, None]
+        k1 = tl.where(new, rk1.to(ty).to(tl.float32)[None, :], k1)
+        k2 = tl.where(new, rk2.to(ty).to(tl.float32)[None, :], k2)
+        v1 = tl.where(new, nv1.to(ty).to(tl.float32)[None, :], v1)
+        v2 = tl.where(new, nv2.to(ty).to(tl.float32)[None, :], v2)
+        # q as the unfused path stores it (rounded to the cache dtype)
+        q1 = q1.to(ty).to(tl.float32)
+        q2 = q2.to(ty).to(tl.float32)
+    # scores[g, t] = q[g, :] . k[t, :], over the two halves of the head
+    scores = (tl.sum(q1[:, None, :] * k1[None, :, :], 2)
+              + tl.sum(q2[:, None, :] * k2[None, :, :], 2)) * SCALE
+    scores = tl.where(t_ok[None, :], scores, float("-inf"))
+    m = tl.max(scores, 1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    p = tl.exp(scores - m_safe[:, None])
+    p = tl.where(t_ok[None, :], p, 0.0)
+    l_sum = tl.sum(p, 1)
+    o1 = tl.sum(p[:, :, None] * v1[None, :, :], 1)
+    o2 = tl.sum(p[:, :, None] * v2[None, :, :], 1)
+    part = heads * NSPLIT + c
+    tl.store(part_m_ptr + part, m, mask=g_ok)
+    tl.store(part_l_ptr + part, l_sum, mask=g_ok)
+    po = part_o_ptr + part[:, None] * D + dh[None, :]
+    tl.store(po, o1, mask=g_ok[:, None])
+    tl.store(po + HALF, o2, mask=g_ok[:, None])
+    if MERGE:
+        # Every thread's partial stores are done before one thread's release (the CUTLASS
+        # semaphore pattern); the last program's acquire makes all chunks' stores visible.
+        tl.debug_barrier()
+        done = tl.atomic_add(count_ptr + j, 1, sem="acq_rel")
+        if done == NSPLIT - 1:
+            cc = tl.arange(0, BLOCK_S)
+            mk = g_ok[:, None] & (cc < NSPLIT)[None, :]
+            pidx = heads[:, None] * NSPLIT + cc[None, :]
+            pm = tl.load(part_m_ptr + pidx, mask=mk, other=float("-inf"), cache_modifier=".cg")
+            pl = tl.load(part_l_ptr + pidx, mask=mk, other=0.0, cache_modifier=".cg")
+            mmax = tl.max(pm, 1)
+            w = tl.where(pm == float("-inf"), 0.0, tl.exp(pm - mmax[:, None]))
+            den = tl.sum(pl * w, 1)
+            oa = part_o_ptr + pidx[:, :, None] * D + dh[None, None, :]
+            a1 = tl.load(oa, mask=mk[:, :, None], other=0.0, cache_modifier=".cg")
+            a2 = tl.load(oa + HALF, mask=mk[:, :, None], other=0.0, cache_modifier=".cg")
+            out = out_ptr + heads[:, None] * D + dh[None, :]
+            oty = out_ptr.dtype.element_ty
+            tl.store(out, (tl.sum(a1 * w[:, :, None], 1) / den[:, None]).to(oty),
+                     mask=g_ok[:, None])
+            tl.store(out + HALF, (tl.sum(a2 * w[:, :, None], 1) / den[:, None]).to(oty),
+                     mask=g_ok[:, None])
+            tl.store(count_ptr + j, 0)
+
+
+@triton.jit
+def decode_attention_reduce_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr,
+                                   D: tl.constexpr, NSPLIT: tl.constexpr,
+                                   BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+    """Combine the chunks of :func:`decode_attention_kernel` for query head ``program_id(0)``:
+    ``out[h, :] = sum_c e^(m_c - m) o_c / sum_c e^(m_c - m) l_c`` with ``m = max_c m_c``
+    (the log-sum-exp merge of flash-decoding). ``out``: ``[H * D]`` (the store casts)."""
+    _pdl_enter(PDL)
+    h = tl.program_id(0)
+    c = tl.arange(0, BLOCK_S)
+    c_ok = c < NSPLIT
+    m = tl.load(part_m_ptr + h * NSPLIT + c, mask=c_ok, other=float("-inf"))
+    l_sum = tl.load(part_l_ptr + h * NSPLIT + c, mask=c_ok, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+    d = tl.arange(0, D)
+    o = tl.load(part_o_ptr + (h * NSPLIT + c)[:, None] * D + d[None, :], mask=c_ok[:, None],
+                other=0.0)
+    num = tl.sum(o * w[:, None], 0)
+    den = tl.sum(l_sum * w, 0)
+    tl.store(out_ptr + h * D + d, (num / den).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def argmax_kernel(logits_ptr, tok_ptr, pos_ptr, out_tokens_ptr, step_ptr,
+                  V: tl.constexpr, BLOCK: tl.constexpr, ADVANCE: tl.constexpr,
+                  PDL: tl.constexpr = False):
+    """Greedy sampling: ``tok[0] = argmax(logits)`` (the first index of the max, as
+    ``torch.argmax``), appended at ``out_tokens[step[0]]``; then ``pos[0] += ADVANCE`` (the tokens
+    this step consumed: 1 in decode, the prompt length in prefill) and ``step[0] += 1``. One
+    program; logits float32 ``[V]``."""
+    _pdl_enter(PDL)
+    best_v = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
+    best_i = tl.zeros((BLOCK,), dtype=tl.int32)
+    for v0 in range(0, V, BLOCK):
+        idx = v0 + tl.arange(0, BLOCK)
+        x = tl.load(logits_ptr + idx, mask=idx < V, other=float("-inf"))
+        better = x > best_v
+        best_v = tl.where(better, x, best_v)
+        best_i = tl.where(better, idx, best_i)
+    top = tl.max(best_v, 0)
+    cand = tl.where(best_v == top, best_i, V)
+    token = tl.min(cand, 0)
+    tl.store(tok_ptr, token)
+    step = tl.load(step_ptr)
+    tl.store(out_tokens_ptr + step, token)
+    tl.store(pos_ptr, tl.load(pos_ptr) + ADVANCE)
+    tl.store(step_ptr, step + 1)
+
+
+__all__ = ["argmax_kernel", "decode_attention_kernel", "decode_attention_reduce_kernel",
+           "embed_kernel", "gemv_kernel", "heads_to_rows_kernel", "rmsnorm_kernel",
+           "rotary_cache_kernel", "silu_mul_kernel"]

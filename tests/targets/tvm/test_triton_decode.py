@@ -1,0 +1,46 @@
+"""The Triton decode step (targets/tvm/triton_decode.py, triton_decoder.py) under Triton's CPU
+interpreter (``TRITON_INTERPRET=1``, in a subprocess: the variable must be set before Triton is
+imported): greedy tokens and teacher-forced logits against transformers' fp32 Llama on the same
+weights, and the GEMV (fp32 / int8 / int4, each prologue, split-K) against numpy. The GPU numbers
+(cosine, speed) come from benchmarks/gpu_decode.py on the H200."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+pytest.importorskip("transformers")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run(mode: str, *extra: str) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "triton_decode_check.py"), mode,
+                           *extra], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_gemv_matches_numpy_for_every_weight_format_prologue_and_split():
+    cases = _run("gemv")["cases"]
+    assert {(c["bits"], c["prologue"], c["split_k"]) for c in cases} == {
+        (b, p, s) for b in (16, 8, 4) for p in (0, 1, 2) for s in (1, 2)}
+    for c in cases:
+        # float32 accumulation of 256 products against float64: a few ulps
+        assert c["max_rel"] < 2e-6, c
+
+
+@pytest.mark.slow
+def test_decode_step_greedy_tokens_and_logits_equal_transformers():
+    res = _run("generate")
+    assert set(res) == {"gqa-unfused", "gqa-fused", "mha-unfused", "mha-fused"}
+    for name, r in res.items():
+        assert r["tokens"] == r["ref_tokens"], name
+        assert r["max_rel"] < 1e-5, (name, r["max_rel"])
+        assert r["count_reset"] == 0, name  # the fused merge leaves its counters at zero

@@ -1,0 +1,103 @@
+"""Run under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter) by test_triton_decode.py: the
+decode kernels of ``passctl.targets.tvm.triton_decode`` against independent references.
+
+    python triton_decode_check.py generate   # tiny Llama: greedy tokens + teacher-forced logits
+    python triton_decode_check.py gemv       # GEMV fp32 / int8 / int4, every prologue, split-K
+
+Prints one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import torch
+
+
+def generate() -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from passctl.targets.tvm.triton_decoder import GemvConfig, TritonDecoder
+
+    out = {}
+    for name, kvh in (("gqa", 2), ("mha", 4))[: int(sys.argv[2]) if len(sys.argv) > 2 else 2]:
+        torch.manual_seed(0)
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=kvh, vocab_size=97,
+                          max_position_embeddings=128, rms_norm_eps=1e-5)
+        cfg._attn_implementation = "eager"
+        model = LlamaForCausalLM(cfg).eval()
+        prompt = torch.tensor([[5, 17, 3, 42, 8, 64, 1]])
+        n_new = 9
+        with torch.no_grad():
+            ref = model.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new,
+                                 do_sample=False, pad_token_id=0)
+            ref_logits = model(ref).logits[0]
+        ref_tokens = ref[0, prompt.shape[1]:].tolist()
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        for fused in (False, True):
+            gemv = {"o": GemvConfig(8, 32, 1, split_k=2), "down": GemvConfig(8, 32, 1, split_k=3)}
+            dec = TritonDecoder(sd, cfg, max_length=32, split=8, gemv=gemv, fuse_attention=fused,
+                                inv_freq=model.model.rotary_emb.inv_freq)
+            toks = dec.generate(prompt[0].tolist(), n_new)
+            # teacher-forced: every step's logits against transformers' on the same tokens
+            dec.prefill(prompt[0].tolist())
+            worst = 0.0
+            for j in range(n_new):
+                r = ref_logits[prompt.shape[1] - 1 + j]
+                worst = max(worst, float((dec.logits - r).abs().max() / r.abs().max()))
+                if j + 1 < n_new:
+                    dec.tok.fill_(ref_tokens[j])
+                    dec.decode_step()
+            out[f"{name}-{'fused' if fused else 'unfused'}"] = dict(
+                tokens=toks, ref_tokens=ref_tokens, max_rel=worst,
+                count_reset=int(dec.count.abs().sum()))
+    return out
+
+
+def gemv() -> dict:
+    from passctl.targets.tvm import triton_decode as K
+    from passctl.targets.tvm.triton_decoder import dequantize, quantize_rtn, triton_cdiv
+
+    rng = np.random.default_rng(0)
+    n, k, eps = 24, 256, 1e-6
+    w = torch.tensor(rng.standard_normal((n, k)), dtype=torch.float32)
+    x = torch.tensor(rng.standard_normal(2 * k), dtype=torch.float32)
+    gain = torch.tensor(rng.standard_normal(k), dtype=torch.float32)
+    res0 = torch.tensor(rng.standard_normal(n), dtype=torch.float32)
+    xn, xg = x.numpy().astype(np.float64), gain.numpy().astype(np.float64)
+    inputs = {0: xn[:k], 1: xn[:k] / np.sqrt(np.mean(xn[:k] ** 2) + eps) * xg,
+              2: xn[:k] / (1 + np.exp(-xn[:k])) * xn[k:]}
+    results = []
+    for bits in (16, 8, 4):
+        if bits == 16:
+            wq, scale, wref = w, w, w.numpy().astype(np.float64)
+        else:
+            wq, scale = quantize_rtn(w, bits, 64)
+            # the reference weight, dequantized with numpy from the packed bytes
+            q = wq.numpy()
+            if bits == 8:
+                wref = q.astype(np.float64) * scale.numpy()[:, None]
+            else:
+                vals = np.stack([(q & 15).astype(np.int64) - 8, (q >> 4).astype(np.int64) - 8],
+                                2).reshape(n, k)
+                wref = (vals.reshape(n, k // 64, 64) * scale.numpy()[:, :, None]).reshape(n, k)
+            assert np.allclose(wref, dequantize(wq, scale, bits, 64).numpy(), atol=1e-6)
+        for prologue in (0, 1, 2):
+            for split in (1, 2):
+                for bk in ((32, 128) if bits != 4 else (32, 128)):
+                    out = res0.clone()
+                    K.gemv_kernel[(triton_cdiv(n, 8), split)](
+                        wq.view(torch.uint8) if bits == 8 else wq, scale, x, gain, out, out, N=n, K=k, EPS=eps, WBITS=bits, GROUP=64,
+                        PROLOGUE=prologue, HAS_RES=True, BLOCK_N=8, BLOCK_K=bk, SPLIT_K=split)
+                    ref = wref @ inputs[prologue] + res0.numpy()
+                    rel = float(np.abs(out.numpy() - ref).max() / np.abs(ref).max())
+                    results.append(dict(bits=bits, prologue=prologue, split_k=split,
+                                        block_k=bk, max_rel=rel))
+    return dict(cases=results)
+
+
+if __name__ == "__main__":
+    print(json.dumps({"generate": generate, "gemv": gemv}[sys.argv[1]]()))
