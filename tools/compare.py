@@ -35,8 +35,6 @@ import numpy as np
 
 from passctl.ir.errors import UserError
 
-PASSCTL_DOMAINS = ("passctl",)
-
 
 # -- running with every tensor exposed ------------------------------------------------------------
 
@@ -271,11 +269,9 @@ def _accept(pair: Pair, v, got: Dict[str, np.ndarray], a: np.ndarray, used: set)
 def runnable(model):
     """``model`` with passctl-only ops replaced through their standard lowering
     (``lower-standard``; lowered nodes keep the canonical node's provenance). Modified in place."""
-    if any(n.domain in PASSCTL_DOMAINS for n in model.graph):
-        from passctl.passes import PassManager
-        from passctl.passes.registry import get_pass
+    from passctl.passes.lowering.lower_standard import make_runnable
 
-        PassManager([get_pass("lower-standard")()]).run(model)
+    make_runnable(model)
     return model
 
 

@@ -148,5 +148,33 @@ class LowerStandard(Lowering):
     TARGET = TARGET
 
 
-__all__ = ["LowerStandard", "gelu", "layernorm", "lower_gelu", "lower_hardswish", "lower_layernorm",
+PASSCTL_DOMAINS = ("passctl",)
+
+
+def has_passctl_ops(model) -> bool:
+    """Whether ``model``'s main graph holds passctl-only ops (domain ``passctl``: no runtime has
+    kernels for them)."""
+    return any(n.domain in PASSCTL_DOMAINS for n in model.graph)
+
+
+def make_runnable(model) -> bool:
+    """Replace ``model``'s passctl-only ops (modified in place) through their standard lowering
+    (``lower-standard``; lowered nodes keep the canonical node's provenance), so ONNX Runtime
+    can run a stage that still has them (``--check-each``, ``passctl compare`` and ``bisect``).
+
+    Returns:
+        Whether anything was lowered.
+
+    Raises:
+        passctl.passes.manager.PassFailure: the lowering failed (an op with no standard form).
+    """
+    if not has_passctl_ops(model):
+        return False
+    from passctl.passes.manager import PassManager
+
+    PassManager([LowerStandard()]).run(model)
+    return True
+
+
+__all__ = ["LowerStandard", "PASSCTL_DOMAINS", "has_passctl_ops", "make_runnable", "gelu", "layernorm", "lower_gelu", "lower_hardswish", "lower_layernorm",
            "lower_rmsnorm", "lower_silu", "lower_skip_layernorm", "lower_skip_rmsnorm", "rmsnorm"]

@@ -27,6 +27,7 @@ from passctl.support.profiles import TargetProfile, get_target
 logger = logging.getLogger(__name__)
 
 MEASURED = "measured sensitivity"
+FORCED = "forced (force=)"
 OVERFLOW = "overflow"
 FOLLOWS = "follows its producers"
 # Float32 nodes that compute nothing on float data (their float value is an attribute or only its
@@ -134,6 +135,10 @@ class MixedPrecision(CalibratingPass):
             keep_io: keep float32 graph inputs and outputs float32.
             target: target profile name (default: the compile context's, the CLI's ``--target``).
             emulate: compute low nodes in float32 behind Casts (default: on the cpu target only).
+            force: node names (``;``-separated) made ``dtype`` whatever the rules and the search
+                say, to reproduce or debug a precision problem (``passctl bisect`` then names
+                the forced node whose change breaks a bound); the search neither measures nor
+                counts them.
         """
 
         dtype: Literal["fp16", "bf16"] = "fp16"
@@ -148,6 +153,7 @@ class MixedPrecision(CalibratingPass):
         keep_io: bool = True
         target: str = "cpu"
         emulate: Optional[bool] = None
+        force: str = ""
 
         def __post_init__(self) -> None:
             """Raises UserError: a bad ``budget``, ``samples`` or ``metric``
@@ -169,6 +175,9 @@ class MixedPrecision(CalibratingPass):
         pos = {n: i for i, n in enumerate(nodes)}
         why: Dict[int, str] = {pos[n]: r for n, r in rule_fp32_nodes(graph, low, o.long_reduction,
                                                                          model.opset).items()}
+        forced = _forced_nodes(nodes, o.force, o.dtype)
+        for i in forced:  # out of the search; made low after it, overriding any rule
+            why[i] = FORCED
         compute = [i for i, n in enumerate(nodes)
                    if has_float32(n) and convertible(n) and not is_exact(n) and i not in why]
         stats: Dict[str, Any] = {"dtype": o.dtype, "target": support, "budget": o.budget,
@@ -177,6 +186,9 @@ class MixedPrecision(CalibratingPass):
         low_compute: Set[int] = set(compute)
         if o.measure and compute:
             low_compute = self._measure_and_search(model, compute, low, why, score, stats)
+        for i in forced:
+            why.pop(i, None)
+        low_compute = set(low_compute) | forced
         low_set = _follow(graph, nodes, low_compute, why)
         emulate = self._emulated()
         opset = model.opset
@@ -191,6 +203,8 @@ class MixedPrecision(CalibratingPass):
                      "precision": o.dtype if i in low_set else "fp32"}
             if i not in low_set:
                 entry["why"] = why.get(i, FOLLOWS)
+            if i in forced:
+                entry["forced"] = True
             entry.update(score.get(i, {}))
             report.append(entry)
         stats.update(low_nodes=len(low_set), fp32_nodes=len(report) - len(low_set), nodes=report,
@@ -291,6 +305,35 @@ class MixedPrecision(CalibratingPass):
                            "in %s); %s; or raise the budget", o.metric, o.budget, o.dtype,
                            note or "check that the calibration feeds (calib=) are representative")
         return set(ranking[result.count:])
+
+
+def _forced_nodes(nodes: List[Node], text: str, dtype: str) -> Set[int]:
+    """Indices (in ``nodes``, graph order) of the nodes named by the ``force`` option: a node's
+    name, else the report's ``OP@INDEX`` key of an unnamed node.
+
+    Raises:
+        UserError: a name no node has, or a node with no low-precision form (no float32 value,
+            an op amp cannot retype: Cast, a custom domain, values already in another type).
+    """
+    names = [t.strip() for t in text.split(";") if t.strip()]
+    if not names:
+        return set()
+    index = {}
+    for i, n in enumerate(nodes):
+        index.setdefault(n.name or f"{n.op_type}@{i}", i)
+    out: Set[int] = set()
+    for name in names:
+        i = index.get(name)
+        if i is None:
+            raise UserError(f"mixed-precision (amp): force= names node '{name}', which is not in "
+                            "the graph (give node names as the IR text or the report's nodes "
+                            "list spells them, separated by ';')")
+        n = nodes[i]
+        if not (has_float32(n) and convertible(n)):
+            raise UserError(f"mixed-precision (amp): force= node '{name}' ({n.op_type}) has no "
+                            f"{dtype} form (no float32 value it can retype); force another node")
+        out.add(i)
+    return out
 
 
 def _propagate(nodes: List[Node], candidates: Set[int], own: Dict[int, float],
