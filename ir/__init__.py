@@ -11,6 +11,7 @@ _EXPORTS = {
     "passctl.ir._core": ("Attr", "AttrType", "Function", "Graph", "Model", "Node", "Value",
                          "implicit_inputs", "union_provenance"),
     "passctl.ir._tensor": ("ExternalLocation", "Tensor"),
+    "passctl.ir._spill": ("spill",),
     "passctl.ir.onnx_export": ("save", "to_onnx"),
     "passctl.ir.onnx_import": ("from_onnx", "load"),
     "passctl.ir.equality": ("assert_structurally_equal", "structural_diff"),

@@ -116,18 +116,22 @@ class Tensor:
 
         External data is a read-only ``np.memmap`` view (packed 4-bit/2-bit types are unpacked, which
         copies). Treat the result as read-only: a pass that changes weights makes a new Tensor.
+
+        The view of external data is not kept by the tensor: each call maps the file again, and the
+        mapping (with the pages it made resident, which count in the process's RSS) goes away when
+        the caller drops the array. A pass that reads a 7B model's weights one at a time thus holds
+        one weight's pages at a time, not the whole file.
         """
         if self._array is not None:
             return self._array
         data = self._data
+        if isinstance(data, ExternalLocation):
+            return self._decode(self._memmap(data))
         if isinstance(data, onnx.TensorProto):
             arr = onnx.numpy_helper.to_array(data)
             if self.dtype != DataType.STRING and arr.dtype != self.dtype.numpy():
                 arr = arr.view(self.dtype.numpy()) if arr.itemsize == self.dtype.numpy().itemsize \
                     else arr.astype(self.dtype.numpy())
-        elif isinstance(data, ExternalLocation):
-            buf = self._memmap(data)
-            arr = self._decode(buf)
         else:
             arr = self._decode(np.frombuffer(data, dtype=np.uint8))
         self._array = arr

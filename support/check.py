@@ -17,6 +17,7 @@ from passctl.support.inputs import make_inputs
 logger = logging.getLogger(__name__)
 
 __all__ = ["CheckResult", "OutputDiff", "ARTIFACT_OPTIMIZATION", "DEFAULT_RTOL", "METRICS", "REL_FLOOR",
+           "RUN_MAX_WEIGHT_BYTES", "run_weight_limit",
            "check_models", "check_optimization", "compare", "make_inputs", "outputs_error",
            "run_onnxruntime", "uninformative_outputs"]
 
@@ -35,6 +36,34 @@ ARTIFACT_OPTIMIZATION = "ORT_ENABLE_ALL"
 by the ``onnxruntime`` emitter), the level the numeric check runs that artifact at."""
 
 _PROTOBUF_LIMIT = 2**31 - 1
+
+RUN_MAX_WEIGHT_BYTES = 2 << 30
+"""Default of :func:`run_weight_limit`: above 2 GiB of weights, ``passctl compile`` runs neither its
+load check nor its verify run in ONNX Runtime (a CPU session holds about twice a model's weights:
+2.65 GB RSS for a 1.33 GB fp16 Llama, and verify opens the original and the artifact; a 7B
+decoder's 13.5 GB would need ~30 GB)."""
+
+RUN_LIMIT_ENV = "PASSCTL_RUN_MAX_WEIGHT_BYTES"
+
+
+def run_weight_limit() -> int:
+    """Largest model (bytes of weights) that compile's own ONNX Runtime runs (the emitter's load
+    check, the verify run) open: ``$PASSCTL_RUN_MAX_WEIGHT_BYTES`` if set, else
+    :data:`RUN_MAX_WEIGHT_BYTES`.
+
+    Raises:
+        UserError: the variable is not a non-negative integer.
+    """
+    text = os.environ.get(RUN_LIMIT_ENV, "").strip()
+    if not text:
+        return RUN_MAX_WEIGHT_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UserError(f"{RUN_LIMIT_ENV}={text!r}: give a number of bytes (e.g. 2147483648)")
+    return value
 ModelLike = Union[str, "os.PathLike[str]", bytes, onnx.ModelProto]
 
 

@@ -67,7 +67,8 @@ def write_onnx(model: Model, folder: str,
 
 
 def load_check(path: str, gpu: bool = False,
-               optimize: Union[bool, str] = "ORT_ENABLE_ALL") -> Dict[str, Any]:
+               optimize: Union[bool, str] = "ORT_ENABLE_ALL",
+               weight_bytes: Optional[int] = None) -> Dict[str, Any]:
     """Open the ONNX file ``path`` in ONNX Runtime (CPU provider, session options from
     :func:`passctl.support.check.cpu_session`) to prove it is a valid model.
 
@@ -81,6 +82,11 @@ def load_check(path: str, gpu: bool = False,
     the model invalid: it is then validated with ``onnx.checker.check_model(full_check=True)``
     (strict shape and type inference) instead, and ``note`` says so.
 
+    A model with more than :func:`passctl.support.check.run_weight_limit` bytes of weights
+    (``weight_bytes``, the emitter's count) is not opened in ONNX Runtime, which would hold about
+    twice its weights in memory: it is validated with ``onnx.checker.check_model(path,
+    full_check=True)``, which reads the graph but not the external data, and ``note`` says so.
+
     Returns:
         ``{"ok": True, "provider", "seconds", "inputs", "outputs"}`` (input / output names), plus
         ``note`` when the checker replaced the CPU session.
@@ -89,11 +95,19 @@ def load_check(path: str, gpu: bool = False,
         EmitError: ONNX Runtime cannot load it (its first message line), or, for a GPU artifact
             without a CPU kernel, the checker refuses it.
     """
-    from passctl.support.check import cpu_session
+    from passctl.support.check import RUN_LIMIT_ENV, cpu_session, run_weight_limit
 
     global _LAST_SESSION
     _LAST_SESSION = None
     start = time.perf_counter()
+    limit = run_weight_limit()
+    if weight_bytes is not None and weight_bytes > limit:
+        return _header_load_check(
+            path, f"{weight_bytes / 1e9:.2f} GB of weights, over the {limit / 1e9:.2f} GB that "
+                  f"compile opens in ONNX Runtime ({RUN_LIMIT_ENV})", start,
+            note=f"not opened in ONNX Runtime: {weight_bytes / 1e9:.2f} GB of weights is over "
+                 f"{RUN_LIMIT_ENV}={limit} (a session holds about twice the weights); only the "
+                 "graph was read back (onnx.load without external data)")
     from passctl.support.ort_levels import quiet_stdout
 
     try:
@@ -115,8 +129,27 @@ def load_check(path: str, gpu: bool = False,
     }
 
 
-def _checker_load_check(path: str, why: str, start: float) -> Dict[str, Any]:
-    """:func:`load_check` for a GPU artifact that ONNX Runtime's CPU provider has no kernel for."""
+def _header_load_check(path: str, why: str, start: float, note: str) -> Dict[str, Any]:
+    """:func:`load_check` of a model too big to open: the file parses as ONNX (header only; the
+    checker is not used since it refuses ONNX Runtime's contrib ops in the default domain, such
+    as SimplifiedLayerNormalization)."""
+    import onnx
+
+    try:
+        header = onnx.load(path, load_external_data=False)
+    except Exception as e:  # DecodeError
+        raise EmitError(f"the emitted model does not parse as ONNX: {str(e).splitlines()[0]}") from e
+    weights = {t.name for t in header.graph.initializer}
+    logger.info("load check of %s without ONNX Runtime (%s)", path, why)
+    return {"ok": True, "provider": None, "seconds": round(time.perf_counter() - start, 4),
+            "inputs": [i.name for i in header.graph.input if i.name not in weights],
+            "outputs": [o.name for o in header.graph.output], "note": note}
+
+
+def _checker_load_check(path: str, why: str, start: float,
+                        note: Optional[str] = None) -> Dict[str, Any]:
+    """:func:`load_check` by ``onnx.checker`` for a GPU artifact that ONNX Runtime's CPU provider
+    has no kernel for, or (``note`` given) a model too big to open in a session."""
     import onnx
 
     try:
@@ -125,10 +158,10 @@ def _checker_load_check(path: str, why: str, start: float) -> Dict[str, Any]:
         raise EmitError(f"the emitted model is not valid ONNX: {str(e).splitlines()[0]}") from e
     header = onnx.load(path, load_external_data=False)
     weights = {t.name for t in header.graph.initializer}
-    logger.info("ONNX Runtime's CPU provider has no kernel for this GPU artifact (%s); validated "
-                "with onnx.checker instead", why)
+    if note is None:
+        note = (f"ONNX Runtime's CPU provider cannot run it ({why.split(' : ')[-1]}); "
+                "validated with onnx.checker (full check) instead")
+    logger.info("load check of %s by onnx.checker instead of ONNX Runtime (%s)", path, why)
     return {"ok": True, "provider": None, "seconds": round(time.perf_counter() - start, 4),
             "inputs": [i.name for i in header.graph.input if i.name not in weights],
-            "outputs": [o.name for o in header.graph.output],
-            "note": f"ONNX Runtime's CPU provider cannot run it ({why.split(' : ')[-1]}); "
-                    "validated with onnx.checker (full check) instead"}
+            "outputs": [o.name for o in header.graph.output], "note": note}

@@ -164,6 +164,9 @@ def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, An
         out = os.path.abspath(given_out)
         _verify_input(model, path)
         hist_before, nodes_before = op_histogram(model), count_nodes(model.graph)
+        from passctl.targets.onnx_file import weight_bytes
+
+        original_bytes = weight_bytes(model.graph)  # dims only: reads no weight
         reference = _reference_model(model, path, work)
         progress.update("loaded", advance=1)
         t_loaded = time.perf_counter()
@@ -253,7 +256,8 @@ def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, An
                     report["verify"], verified = verify_artifact(
                         folder, model, reference, header or load_header(reference), dims,
                         args.seed, recorder, known,
-                        torch_source.feeds() if torch_source is not None else None, shown=path)
+                        torch_source.feeds() if torch_source is not None else None, shown=path,
+                        original_weight_bytes=original_bytes)
                 except VerifyFailed as e:
                     report["verify"] = {"ran": True, "ok": False, "error": str(e)}
                     e.reproducer = check_failure_folder(args, argv, model, report, folder,

@@ -225,7 +225,8 @@ def _nonfinite_problem(got: np.ndarray, want: Optional[np.ndarray]) -> Optional[
 def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, int],
                     seed: int, recorder: Optional[TouchRecorder],
                     known: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None,
-                    overrides: Optional[Dict[str, Any]] = None, shown: str = "the model"
+                    overrides: Optional[Dict[str, Any]] = None, shown: str = "the model",
+                    original_weight_bytes: Optional[int] = None
                     ) -> Tuple[Dict[str, Any], Optional[Tuple[Dict[str, Any], Dict[str, Any]]]]:
     """Run the artifact in ``folder`` once and check its outputs; return ``report["verify"]``
     and ``(inputs, original outputs)`` (None when the original did not run), which a later
@@ -255,6 +256,11 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
 
     ``shown``: how messages name the original model (the path the user gave).
 
+    Huge models are not run: when the original's weights (``original_weight_bytes``, counted at
+    load) or the artifact's exceed :func:`passctl.support.check.run_weight_limit` (2 GiB unless
+    ``$PASSCTL_RUN_MAX_WEIGHT_BYTES`` says otherwise), ``ran`` is false and ``reason`` says why:
+    an ONNX Runtime session holds about twice a model's weights, and this step opens two.
+
     Raises:
         VerifyFailed: the artifact fails to run where the original runs, or an output breaks a
             rule above; one line naming the output (or node), what is wrong and the pass that last
@@ -283,6 +289,18 @@ def verify_artifact(folder: str, model, reference: str, header, dims: Dict[str, 
         entry.update(kw)
         entry["ms"] = round((time.perf_counter() - start) * 1e3, 3)
         return entry, ran
+
+    from passctl.support.check import RUN_LIMIT_ENV, run_weight_limit
+    from passctl.targets.onnx_file import weight_bytes
+
+    limit = run_weight_limit()
+    biggest = max(original_weight_bytes or 0, weight_bytes(model.graph))
+    if biggest > limit:
+        return done(reason=f"skipped: {biggest / 1e9:.2f} GB of weights is over the "
+                           f"{limit / 1e9:.2f} GB that compile runs in ONNX Runtime "
+                           f"({RUN_LIMIT_ENV}; a session holds about twice the weights and this "
+                           "step opens the original and the artifact); run `passctl check` or "
+                           "--check on a machine with the memory, or raise the limit")
 
     try:
         plan = plan_inputs(header, dim_values=_candidate_dims(folder, model, dims, tvm),

@@ -68,29 +68,44 @@ def pack_zero_points(zp: np.ndarray, bits: int) -> np.ndarray:
 def matmul_nbits(b: Builder, model: Model, a: Value, codes: np.ndarray, scales: np.ndarray,
                  zero_points: Optional[np.ndarray], k: int, bits: int, block: int,
                  accuracy_level: int, bias: Optional[Value] = None, base: str = "w",
-                 output_names=()) -> Value:
+                 output_names=(), spill: bool = False) -> Value:
     """Build ``com.microsoft.MatMulNBits(A, B, scales, zero_points, , bias)`` with ``b``.
 
     Args:
-        a: the float32 activation ``[..., K]``.
+        a: the activation ``[..., K]``, float32 or float16 (the kernel's ``T1``; scales, float
+            zero points and the output take its type; an untyped ``a`` counts as float32).
         codes: uint8 ``[N, k_blocks, block]`` (K padded with codes equal to the zero point).
-        scales: float32 ``[N, k_blocks]``; ``zero_points``: uint8 ``[N, k_blocks]`` or None
+        scales: float ``[N, k_blocks]``; ``zero_points``: uint8 ``[N, k_blocks]`` or None
             (the kernel's default ``2^(bits-1)``, symmetric).
         k: the unpadded K; ``bits``: 4 or 8; ``block``: block size (power of 2, >= 16).
         accuracy_level: the attribute (4: int8 compute).
-        bias: float32 ``[N]`` value or None.
+        bias: ``[N]`` value of ``a``'s type, or None.
+        spill: write the packed codes and scales to the spill file (:func:`passctl.ir.spill`)
+            instead of holding them in memory (for weights that came from external data).
 
     Returns:
-        the float32 output ``[..., N]`` (typed from ``a`` when its shape is known).
+        the output ``[..., N]`` of ``a``'s type (its shape set when ``a``'s is known).
     """
     n = codes.shape[0]
     ensure_opset(model, MS_DOMAIN, 1)
     graph = b.graph
-    ins = [a, graph.add_constant(pack_nbits(codes, bits), f"{base}_q{bits}"),
-           graph.add_constant(np.ascontiguousarray(scales, np.float32).reshape(-1),
-                              f"{base}_scales")]
-    ins.append(graph.add_constant(pack_zero_points(zero_points, bits), f"{base}_zero_points")
-               if zero_points is not None else None)
+    t1 = DataType.FLOAT16 if a.dtype == DataType.FLOAT16 else DataType.FLOAT
+    f = t1.numpy()
+
+    def const(arr, name):
+        if spill:
+            from passctl.ir import spill as spill_array
+
+            return graph.add_constant(spill_array(arr), name)
+        return graph.add_constant(arr, name)
+
+    packed_zp = None if zero_points is None else pack_zero_points(zero_points, bits)
+    if packed_zp is not None and packed_zp.dtype == np.float32:
+        packed_zp = packed_zp.astype(f)
+    ins = [a, const(pack_nbits(codes, bits), f"{base}_q{bits}"),
+           const(np.ascontiguousarray(scales, f).reshape(-1), f"{base}_scales")]
+    ins.append(graph.add_constant(packed_zp, f"{base}_zero_points")
+               if packed_zp is not None else None)
     if bias is not None:
         ins += [None, bias]
     while ins[-1] is None:
@@ -99,7 +114,7 @@ def matmul_nbits(b: Builder, model: Model, a: Value, codes: np.ndarray, scales: 
              block_size=int(block), accuracy_level=int(accuracy_level),
              output_names=output_names or (f"{base}_out",))
     if a.shape is not None:
-        y.type = TensorType(DataType.FLOAT, Shape(tuple(a.shape)[:-1] + (int(n),)))
+        y.type = TensorType(t1, Shape(tuple(a.shape)[:-1] + (int(n),)))
     return y
 
 

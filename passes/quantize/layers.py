@@ -27,7 +27,7 @@ class QuantLayer:
         op: its op type.
         data_index: input slot of the activation (X / A), quantized per tensor.
         weight_index: input slot of the constant weight (W / B), quantized per channel.
-        weight: the float32 weight as stored (Conv ``[C_out, C_in/g, kH, kW]``, MatMul ``[K, N]``,
+        weight: the weight as stored (float32; float16 with ``float_types``; a memory map for external data) (Conv ``[C_out, C_in/g, kH, kW]``, MatMul ``[K, N]``,
             Gemm ``[K, N]`` or ``[N, K]`` with transB=1).
         axis: the weight's output-channel axis (Conv 0, MatMul 1, Gemm 0 with transB=1 else 1).
     """
@@ -86,6 +86,10 @@ def _slots(node: Node) -> Optional[Tuple[int, int, int]]:
     return None
 
 
+def _type_word(t: DataType) -> str:
+    return {DataType.FLOAT: "float32", DataType.FLOAT16: "float16"}.get(t, t.short_name)
+
+
 def quantizable_nodes(graph: Graph) -> List[Tuple[str, Node]]:
     """``(layer name, node)`` for every node of a :data:`QUANTIZABLE` op in ``graph`` (main graph),
     named as :class:`QuantLayer` names them, whatever its dtypes."""
@@ -93,13 +97,16 @@ def quantizable_nodes(graph: Graph) -> List[Tuple[str, Node]]:
             for p, node in enumerate(graph) if _slots(node) is not None]
 
 
-def find_layers(graph: Graph, exclude: Sequence[str] = ()
+def find_layers(graph: Graph, exclude: Sequence[str] = (),
+                float_types: Sequence[DataType] = (DataType.FLOAT,)
                 ) -> Tuple[List[QuantLayer], Dict[str, Skipped]]:
     """The quantizable nodes of ``graph`` (main graph only) and why the other candidates are not.
 
     A node qualifies when its op is in :data:`QUANTIZABLE`, its data input is a non-constant
-    float32 value, and its weight is a constant float32 array (initializer or Constant node) of rank
-    2 (MatMul, Gemm) or 3-5 (Conv). ``exclude`` names nodes (name or a provenance name) or op types.
+    value of one of ``float_types`` (default float32 only; weight-only quantization also takes
+    float16), and its weight is a constant array of the same type (initializer or Constant node)
+    of rank 2 (MatMul, Gemm) or 3-5 (Conv). ``exclude`` names nodes (name or a provenance name) or
+    op types. A weight in external data is a memory map (``Tensor.numpy``), not read here.
 
     Returns:
         ``(layers, {node name: Skipped})`` for the nodes of a quantizable op that are not layers
@@ -133,14 +140,16 @@ def find_layers(graph: Graph, exclude: Sequence[str] = ()
         if data is None or constant_array(data) is not None:
             skip("its data input is a constant")
             continue
-        if data.dtype not in (DataType.FLOAT, None):
-            skip(f"its data input is {data.dtype.short_name}, not float32")
+        if data.dtype is not None and data.dtype not in float_types:
+            skip(f"its data input is {data.dtype.short_name}, not "
+                 f"{' or '.join(_type_word(t) for t in float_types)}")
             continue
         if weight is None:
             skip("its weight is not a constant")
             continue
         rank_ok = weight.ndim == 2 if node.op_type in ("MatMul", "Gemm") else 3 <= weight.ndim <= 5
-        if weight.dtype != np.float32 or not rank_ok:
+        wanted_np = (np.dtype(np.float32),) if data.dtype is None else (data.dtype.numpy(),)
+        if weight.dtype not in wanted_np or not rank_ok:
             skip(f"weight {weight.dtype} of rank {weight.ndim} is not supported")
             continue
         layers.append(QuantLayer(position, name, node.op_type, data_index, weight_index,

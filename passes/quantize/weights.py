@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Literal, Optional, Tuple
 
 import numpy as np
 
-from passctl.ir import Builder, Model, Node
+from passctl.ir import Builder, DataType, Model, Node
 from passctl.ir.errors import UserError
 from passctl.passes._snapshot import clone_model
 from passctl.passes.base import PassResult
@@ -99,38 +99,84 @@ def block_size(k: int, block: int) -> int:
     return max(NBITS_MIN_BLOCK, 1 << max(0, int(k - 1).bit_length()))
 
 
+CHUNK_ELEMENTS = 1 << 22
+"""Weight elements quantized per step (:func:`quantize_blocks` works on groups of whole output
+columns of about this many elements, so its float32 temporaries are ~16 MiB each whatever the
+weight's size: a 4096 x 32000 LM head does not need 0.5 GB per temporary)."""
+
+
 def quantize_blocks(w: np.ndarray, bits: int, block: int, symmetric: bool = True,
-                    method: str = "rtn", float_zero_points: bool = False) -> BlockCodes:
-    """Quantize float32 ``w`` ``[K, N]`` (MatMul's B) per column ``n`` and block of ``block`` rows
-    of K (the module docstring's grids; ``block=0``: one block per column).
+                    method: str = "rtn", float_zero_points: bool = False,
+                    scale_dtype=np.float32) -> BlockCodes:
+    """Quantize ``w`` ``[K, N]`` (MatMul's B; float32 or float16, possibly a read-only memory
+    map) per column ``n`` and block of ``block`` rows of K (the module docstring's grids;
+    ``block=0``: one block per column).
+
+    Columns are quantized in groups of about :data:`CHUNK_ELEMENTS` elements, each read from
+    ``w`` and converted to float32 on its own, so the memory used beyond the returned codes is
+    bounded whatever ``w``'s size. ``scale_dtype``: the type the kernel reads the scales in (its
+    ``T1``, the activation's type: float16 for a float16 model); scales are rounded to it before
+    the codes are computed, so the codes are those of the stored scales.
 
     Returns:
         :class:`BlockCodes`; ``dequantize()`` gives the weight the kernel multiplies with.
     """
-    w = np.asarray(w, np.float32)
     k, n = w.shape
     size = block_size(k, block)
     kb = -(-k // size)
-    wt = np.zeros((n, kb * size), np.float32)
-    wt[:, :k] = w.T
-    wt = wt.reshape(n, kb, size)
+    codes = np.empty((n, kb, size), np.uint8)
+    scales = np.empty((n, kb), np.float32)
+    zero_points = None
+    step = max(1, CHUNK_ELEMENTS // (kb * size))
     ratios = CLIP_RATIOS if method == "mse" else (1.0,)
-    best = None
-    for r in ratios:
-        codes, scales, zps = _grid(wt, bits, symmetric, np.float32(r), float_zero_points)
-        zf = (zps if zps is not None else np.full(scales.shape, 2 ** (bits - 1), np.uint8))
-        deq = (codes.astype(np.float32) - zf[..., None].astype(np.float32)) * scales[..., None]
-        err = ((deq - wt) ** 2).sum(-1)
-        if best is None:
-            best = [codes, scales, zps, err]
-            continue
-        better = err < best[3]
-        best[0] = np.where(better[..., None], codes, best[0])
-        best[1] = np.where(better, scales, best[1])
-        if zps is not None:
-            best[2] = np.where(better, zps, best[2])
-        best[3] = np.minimum(err, best[3])
-    return BlockCodes(best[0], best[1].astype(np.float32), best[2], k, bits, size)
+    for c0 in range(0, n, step):
+        c1 = min(n, c0 + step)
+        wt = np.zeros((c1 - c0, kb * size), np.float32)
+        wt[:, :k] = np.asarray(w[:, c0:c1], np.float32).T
+        wt = wt.reshape(c1 - c0, kb, size)
+        best = None
+        for r in ratios:
+            q, sc, zps = _grid(wt, bits, symmetric, np.float32(r), float_zero_points, scale_dtype)
+            if len(ratios) == 1:
+                best = [q, sc, zps, None]
+                break
+            zf = (zps if zps is not None else np.full(sc.shape, 2 ** (bits - 1), np.uint8))
+            deq = (q.astype(np.float32) - zf[..., None].astype(np.float32)) * sc[..., None]
+            err = ((deq - wt) ** 2).sum(-1)
+            if best is None:
+                best = [q, sc, zps, err]
+                continue
+            better = err < best[3]
+            best[0] = np.where(better[..., None], q, best[0])
+            best[1] = np.where(better, sc, best[1])
+            if zps is not None:
+                best[2] = np.where(better, zps, best[2])
+            best[3] = np.minimum(err, best[3])
+        codes[c0:c1] = best[0]
+        scales[c0:c1] = best[1]
+        if best[2] is not None:
+            if zero_points is None:
+                zero_points = np.empty((n, kb), best[2].dtype)
+            zero_points[c0:c1] = best[2]
+    return BlockCodes(codes, scales, zero_points, k, bits, size)
+
+
+def weight_error(c: BlockCodes, w: np.ndarray) -> float:
+    """``||W - dequant(codes)||_F / ||W||_F`` (0 for an all-zero W), computed over groups of
+    columns (:data:`CHUNK_ELEMENTS`) so that neither W in float32 nor the dequantized weight is
+    ever whole in memory."""
+    n, kb, size = c.codes.shape
+    step = max(1, CHUNK_ELEMENTS // (kb * size))
+    num = den = 0.0
+    for c0 in range(0, n, step):
+        c1 = min(n, c0 + step)
+        part = BlockCodes(c.codes[c0:c1], c.scales[c0:c1],
+                          None if c.zero_points is None else c.zero_points[c0:c1],
+                          c.k, c.bits, c.block).dequantize()
+        ref = np.asarray(w[:, c0:c1], np.float32)
+        num += float(np.sum((part - ref) ** 2, dtype=np.float64))
+        den += float(np.sum(ref.astype(np.float64) ** 2))
+    return math.sqrt(num / den) if den > 0 else 0.0
 
 
 GPTQ_DAMP = 0.1
@@ -224,27 +270,31 @@ def layer_hessians(model: Model, layers: List["WeightLayer"], feeds
 
 
 def _grid(wt: np.ndarray, bits: int, symmetric: bool, ratio: np.float32,
-          float_zero_points: bool = False):
+          float_zero_points: bool = False, scale_dtype=np.float32):
+    """Codes, scales (rounded to ``scale_dtype``, held as float32) and zero points of blocks
+    ``wt`` ``[..., block]`` (float32) on the module docstring's grids; a zero scale becomes 1."""
     levels = 2 ** bits
+
+    def stored(scales):
+        scales = np.asarray(scales, np.float32).astype(scale_dtype).astype(np.float32)
+        return np.where(scales == 0, np.float32(1), scales).astype(np.float32)
+
     if symmetric:
         half = levels // 2
         idx = np.abs(wt).argmax(-1)[..., None]
         ext = np.take_along_axis(wt, idx, -1)[..., 0] * ratio
-        scales = ext / np.float32(-half)
-        safe = np.where(scales == 0, np.float32(1), scales)
-        q = np.clip(np.rint(wt / safe[..., None]), -half, half - 1) + half
-        return q.astype(np.uint8), np.where(scales == 0, np.float32(1), scales), None
+        scales = stored(ext / np.float32(-half))
+        q = np.clip(np.rint(wt / scales[..., None]), -half, half - 1) + half
+        return q.astype(np.uint8), scales, None
     if float_zero_points:
         lo, hi = wt.min(-1) * ratio, wt.max(-1) * ratio
-        scales = ((hi - lo) / np.float32(levels - 1)).astype(np.float32)
-        scales = np.where(scales == 0, np.float32(1), scales).astype(np.float32)
-        zp = (-lo / scales).astype(np.float32)
+        scales = stored((hi - lo) / np.float32(levels - 1))
+        zp = (-lo / scales).astype(scale_dtype).astype(np.float32)
         q = np.clip(np.rint(wt / scales[..., None] + zp[..., None]), 0, levels - 1)
         return q.astype(np.uint8), scales, zp
     lo = np.minimum(wt.min(-1), 0) * ratio
     hi = np.maximum(wt.max(-1), 0) * ratio
-    scales = (hi - lo) / np.float32(levels - 1)
-    scales = np.where(scales == 0, np.float32(1), scales).astype(np.float32)
+    scales = stored((hi - lo) / np.float32(levels - 1))
     zp = np.clip(np.rint(-lo / scales), 0, levels - 1)
     q = np.clip(np.rint(wt / scales[..., None]) + zp[..., None], 0, levels - 1)
     return q.astype(np.uint8), scales, zp.astype(np.uint8)
@@ -254,12 +304,24 @@ def _grid(wt: np.ndarray, bits: int, symmetric: bool, ratio: np.float32,
 class WeightLayer:
     """A MatMul / Gemm whose constant weight can be read by MatMulNBits.
 
-    ``w`` is float32 ``[K, N]`` (a Gemm's transposed B when transB=1, times ``alpha``);
-    ``bias`` the Gemm's C ``[N]`` index or None."""
+    ``w`` is ``[K, N]`` as stored: float32 or float16, for external data a memory map that is
+    not read until the layer is quantized (a Gemm's transposed B when transB=1, times ``alpha``,
+    is a float32 copy); ``has_bias``: the Gemm has a C ``[N]``; ``external``: the weight's data
+    is in a file (its codes are then spilled to one too, :func:`passctl.ir.spill`)."""
 
     layer: QuantLayer
-    w: np.ndarray
+    w: Optional[np.ndarray]
     has_bias: bool
+    external: bool = False
+    shape: Tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        self.shape = tuple(int(d) for d in self.w.shape)
+
+    def release(self) -> None:
+        """Drop the weight (its memory map, and the pages it made resident, go with it)."""
+        self.w = None
+        self.layer.weight = None
 
 
 def cpu_onnxruntime_only(owner: str, target, emitter: str, hint: str) -> None:
@@ -293,7 +355,7 @@ def parse_exclude(model: Model, text: str, owner: str) -> List[str]:
 
 
 def _weight_layers(model: Model, exclude: List[str]) -> Tuple[List[WeightLayer], Dict[str, str]]:
-    layers, skipped = find_layers(model.graph, exclude)
+    layers, skipped = find_layers(model.graph, exclude, (DataType.FLOAT, DataType.FLOAT16))
     nodes = list(model.graph)
     found: List[WeightLayer] = []
     why: Dict[str, str] = {k: v.why for k, v in skipped.items() if v.op in ("MatMul", "Gemm")}
@@ -307,7 +369,7 @@ def _weight_layers(model: Model, exclude: List[str]) -> Tuple[List[WeightLayer],
             if rank is not None and rank < 2:
                 why[l.name] = "its data input is 1-D"
                 continue
-            found.append(WeightLayer(l, l.weight, False))
+            found.append(WeightLayer(l, l.weight, False, _is_external(node.inputs[1])))
             continue
         if node.attr("transA", 0) or float(node.attr("beta", 1.0)) != 1.0:
             why[l.name] = "Gemm with transA=1 or beta != 1"
@@ -318,33 +380,42 @@ def _weight_layers(model: Model, exclude: List[str]) -> Tuple[List[WeightLayer],
         if c is not None and (c.shape is None or tuple(c.shape) != (w.shape[1],)):
             why[l.name] = "Gemm whose C is not a [N] bias"
             continue
-        found.append(WeightLayer(l, w, c is not None))
+        found.append(WeightLayer(l, w, c is not None, _is_external(node.inputs[1])))
     return found, why
+
+
+def _is_external(v) -> bool:
+    return v is not None and v.const is not None and v.const.external is not None
 
 
 def apply_nbits(model: Model, chosen: List[WeightLayer], codes: Dict[int, BlockCodes],
                 accuracy_level: int) -> int:
     """Replace each chosen MatMul / Gemm (by position) by MatMulNBits reading its codes; the
     float weight is dropped when nothing else reads it. Returns the number of nodes replaced."""
-    graph = model.graph
-    nodes = list(graph)
+    nodes = list(model.graph)
     for wl in chosen:
-        node: Node = nodes[wl.layer.position]
-        c = codes[wl.layer.position]
-        b = Builder(graph, provenance=node.provenance, insert=False)
-        bias = node.inputs[2] if wl.has_bias else None
-        old_w = node.inputs[1]
-        y = matmul_nbits(b, model, node.inputs[0], c.codes, c.scales, c.zero_points, c.k,
-                         c.bits, c.block, accuracy_level, bias,
-                         base=(node.name or wl.layer.name).replace("/", "_"),
-                         output_names=(node.outputs[0].name + "_nbits",))
-        if y.type is None:
-            y.type = node.outputs[0].type
-        graph.replace_nodes([node], b.nodes, [node.outputs[0]], [y])
-        if not old_w.uses() and not old_w.is_graph_output() and old_w.is_initializer() \
-                and not old_w.is_graph_input():
-            graph.remove_initializer(old_w.name)
+        _apply_one(model, nodes[wl.layer.position], wl, codes[wl.layer.position], accuracy_level)
     return len(chosen)
+
+
+def _apply_one(model: Model, node: Node, wl: WeightLayer, c: BlockCodes,
+               accuracy_level: int) -> None:
+    """:func:`apply_nbits` for one node. Codes of a weight held in external data are spilled to
+    a file (:func:`passctl.ir.spill`), so a model's quantized weights are never all in memory."""
+    graph = model.graph
+    b = Builder(graph, provenance=node.provenance, insert=False)
+    bias = node.inputs[2] if wl.has_bias else None
+    old_w = node.inputs[1]
+    y = matmul_nbits(b, model, node.inputs[0], c.codes, c.scales, c.zero_points, c.k,
+                     c.bits, c.block, accuracy_level, bias,
+                     base=(node.name or wl.layer.name).replace("/", "_"),
+                     output_names=(node.outputs[0].name + "_nbits",), spill=wl.external)
+    if y.type is None:
+        y.type = node.outputs[0].type
+    graph.replace_nodes([node], b.nodes, [node.outputs[0]], [y])
+    if not old_w.uses() and not old_w.is_graph_output() and old_w.is_initializer() \
+            and not old_w.is_graph_input():
+        graph.remove_initializer(old_w.name)
 
 
 @register_pass
@@ -474,6 +545,65 @@ class QuantizeWeights(CalibratingPass):
                                  "symmetric": o.symmetric, "method": o.method,
                                  "accuracy_level": level}
         rtn_fallback: List[str] = []
+        before = sum(wl.w.nbytes for wl in layers)
+        if o.budget is None and o.method != "gptq":
+            # Every layer quantized, no model run: one layer at a time (read, quantize, lower,
+            # drop), so a 7B model's weights are never all in memory (issue 18, "streams").
+            werr, after, codes = self._stream(model, layers, block, level)
+            stats["quantize_seconds"] = round(time.perf_counter() - start, 3)
+            chosen, alone, why = layers, {}, {}
+        else:
+            codes, werr = self._codes(model, layers, block, stats, rtn_fallback)
+            stats["quantize_seconds"] = round(time.perf_counter() - start, 3)
+            if rtn_fallback:
+                stats["gptq_rtn_fallback"] = rtn_fallback
+            chosen, alone, why = layers, {}, {}
+            if o.budget is not None and layers:
+                chosen, alone, why = self._search(model, layers, codes, werr, stats, level)
+            after = sum(_nbits_bytes(codes[wl.layer.position], np.dtype(_scale_dtype(wl)).itemsize)
+                        if wl in chosen else wl.w.nbytes
+                        for wl in layers)
+            apply_nbits(model, chosen, codes, level)
+        rows: List[Dict[str, Any]] = [{"name": k, "bits": 32, "why": v} for k, v in why_not.items()]
+        for wl in layers:
+            p = wl.layer.position
+            row = {"name": wl.layer.name, "op": wl.layer.op, "K": wl.shape[0],
+                   "N": wl.shape[1], "bits": o.bits if p not in why else 32,
+                   "block": codes[p].block, "weight_error": _round(werr[p])}
+            if p in alone:
+                row["output_error"] = _round(alone[p])
+            if p in why:
+                row["why"] = why[p]
+            rows.append(row)
+        stats.update(quantized_layers=len(chosen), float_layers=len(rows) - len(chosen),
+                     layers=rows, weight_bytes=[int(before), int(after)])
+        logger.info("quantize-weights: %d of %d layers int%d", len(chosen), len(layers), o.bits)
+        return PassResult(bool(chosen), stats)
+
+    def _stream(self, model: Model, layers: List[WeightLayer], block: int, level: int):
+        """Quantize and lower the layers one by one, each weight released once its node is
+        replaced. Returns ``({position: weight error}, bytes after, {position: codes summary})``
+        (the summary keeps only the block size; the codes themselves are in the graph)."""
+        o = self.options
+        nodes = list(model.graph)
+        werr: Dict[int, float] = {}
+        kept: Dict[int, BlockCodes] = {}
+        after = 0
+        for wl in layers:
+            p = wl.layer.position
+            c = quantize_blocks(wl.w, o.bits, block, o.symmetric, o.method, o.float_zero_points,
+                                _scale_dtype(wl))
+            werr[p] = weight_error(c, wl.w)
+            after += _nbits_bytes(c, np.dtype(_scale_dtype(wl)).itemsize)
+            _apply_one(model, nodes[p], wl, c, level)
+            kept[p] = BlockCodes(c.codes[:0], c.scales[:0], None, c.k, c.bits, c.block)
+            wl.release()
+            del c
+        return werr, after, kept
+
+    def _codes(self, model: Model, layers: List[WeightLayer], block: int, stats, rtn_fallback):
+        """Codes of every layer, all in memory (the budget search and GPTQ need them at once)."""
+        o = self.options
         if o.method == "gptq" and layers:
             feeds = calibration_inputs(model, o.calib, o.samples, o.seed,
                                        parse_dims(o.dims, self.name), owner=self.name)
@@ -485,41 +615,17 @@ class QuantizeWeights(CalibratingPass):
                 codes[wl.layer.position] = (
                     gptq_blocks(wl.w, h, o.bits, block, o.symmetric, o.float_zero_points)
                     if rows >= wl.w.shape[0] else
-                    quantize_blocks(wl.w, o.bits, block, o.symmetric, "rtn", o.float_zero_points))
+                    quantize_blocks(wl.w, o.bits, block, o.symmetric, "rtn", o.float_zero_points,
+                                    _scale_dtype(wl)))
                 if rows < wl.w.shape[0]:
                     rtn_fallback.append(wl.layer.name)
         else:
             codes = {wl.layer.position: quantize_blocks(wl.w, o.bits, block, o.symmetric,
-                                                        o.method, o.float_zero_points)
+                                                        o.method, o.float_zero_points,
+                                                        _scale_dtype(wl))
                      for wl in layers}
-        werr = {p: _rel(c.dequantize(), wl.w)
-                for p, c, wl in ((wl.layer.position, codes[wl.layer.position], wl)
-                                 for wl in layers)}
-        stats["quantize_seconds"] = round(time.perf_counter() - start, 3)
-        if rtn_fallback:
-            stats["gptq_rtn_fallback"] = rtn_fallback
-        chosen, alone, why = layers, {}, {}
-        if o.budget is not None and layers:
-            chosen, alone, why = self._search(model, layers, codes, werr, stats, level)
-        before = sum(wl.w.nbytes for wl in layers)
-        after = sum(_nbits_bytes(codes[wl.layer.position]) if wl in chosen else wl.w.nbytes
-                    for wl in layers)
-        apply_nbits(model, chosen, codes, level)
-        rows: List[Dict[str, Any]] = [{"name": k, "bits": 32, "why": v} for k, v in why_not.items()]
-        for wl in layers:
-            p = wl.layer.position
-            row = {"name": wl.layer.name, "op": wl.layer.op, "K": int(wl.w.shape[0]),
-                   "N": int(wl.w.shape[1]), "bits": o.bits if p not in why else 32,
-                   "block": codes[p].block, "weight_error": _round(werr[p])}
-            if p in alone:
-                row["output_error"] = _round(alone[p])
-            if p in why:
-                row["why"] = why[p]
-            rows.append(row)
-        stats.update(quantized_layers=len(chosen), float_layers=len(rows) - len(chosen),
-                     layers=rows, weight_bytes=[int(before), int(after)])
-        logger.info("quantize-weights: %d of %d layers int%d", len(chosen), len(layers), o.bits)
-        return PassResult(bool(chosen), stats)
+        werr = {wl.layer.position: weight_error(codes[wl.layer.position], wl.w) for wl in layers}
+        return codes, werr
 
     def _search(self, model, layers, codes, werr, stats, accuracy_level):
         o = self.options
@@ -552,15 +658,19 @@ class QuantizeWeights(CalibratingPass):
         return ranking[result.count:], alone, why
 
 
-def _nbits_bytes(c: BlockCodes) -> int:
+def _scale_dtype(wl: WeightLayer):
+    """The type of MatMulNBits' scales for the layer: its T1, float16 for a float16 layer."""
+    return np.float16 if wl.w.dtype == np.float16 else np.float32
+
+
+def _nbits_bytes(c: BlockCodes, scale_bytes: int = 4) -> int:
+    """Bytes MatMulNBits stores for ``c``: packed codes, scales of ``scale_bytes`` each (the
+    activation's type), zero points (packed uint8, or floats like the scales)."""
     n, kb, size = c.codes.shape
-    zp = 0 if c.zero_points is None else (c.zero_points.nbytes if c.zero_points.dtype == np.float32 else n * -(-kb * c.bits // 8))
-    return n * kb * size * c.bits // 8 + c.scales.nbytes + zp
-
-
-def _rel(a: np.ndarray, ref: np.ndarray) -> float:
-    den = float(np.linalg.norm(ref))
-    return float(np.linalg.norm(a - ref)) / den if den > 0 else 0.0
+    zp = 0 if c.zero_points is None else (
+        c.zero_points.size * scale_bytes if c.zero_points.dtype == np.float32
+        else n * -(-kb * c.bits // 8))
+    return n * kb * size * c.bits // 8 + c.scales.size * scale_bytes + zp
 
 
 def _round(x: float) -> Any:

@@ -175,7 +175,8 @@ class OnnxRuntimeEmitter(Emitter):
         with open(os.path.join(folder, SESSION_FILE), "w") as f:
             json.dump(cfg, f, indent=2)
             f.write("\n")
-        load = load_check(path, gpu=target.is_gpu, optimize=cfg["graph_optimization_level"])
+        load = load_check(path, gpu=target.is_gpu, optimize=cfg["graph_optimization_level"],
+                          weight_bytes=nbytes)
         files = sorted(os.listdir(folder))
         logger.info("onnxruntime artifact: %s (%d weight bytes, external=%s)", files, nbytes,
                     external)
