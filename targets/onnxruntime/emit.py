@@ -134,6 +134,21 @@ def create_session(folder: str, providers: Optional[Sequence[str]] = None):
                                 provider_options=[o for _, o in chosen])
 
 
+def refuse_passctl_ops(model: Model) -> None:
+    """Raises UserError naming the first node of ``model``'s main graph in a passctl-only domain
+    (no runtime has kernels for it), with the lowering pass to add."""
+    from passctl.ir.errors import UserError
+    from passctl.passes.lowering.lower_standard import PASSCTL_DOMAINS
+
+    left = [n for n in model.graph if n.domain in PASSCTL_DOMAINS]
+    if left:
+        n = left[0]
+        raise UserError(f"node '{n.name}' is {n.domain}::{n.op_type}, a passctl-only op that ONNX "
+                        f"Runtime cannot run ({len(left)} such node(s) left): add "
+                        "lower-onnxruntime (or lower-standard) to --pipeline after the pass that "
+                        "made it (the 'fuse' pipeline includes it)")
+
+
 @register_emitter
 class OnnxRuntimeEmitter(Emitter):
     """The ``onnxruntime`` emitter (the default for every target).
@@ -168,8 +183,11 @@ class OnnxRuntimeEmitter(Emitter):
             :func:`passctl.passes.lowering.lower_onnxruntime.runtime_only_ops`).
 
         Raises:
+            UserError: the graph still holds passctl-only ops (a fusion ran without the
+                lowering that gives them an ONNX Runtime form).
             EmitError: ONNX Runtime cannot load the written model.
         """
+        refuse_passctl_ops(model)
         path, nbytes, external = write_onnx(model, folder, self.external_data_threshold)
         cfg = session_config(target, model, self.optimization_level)
         with open(os.path.join(folder, SESSION_FILE), "w") as f:
