@@ -77,6 +77,8 @@ class _Linear:
     """One projection's device weight in the GEMV's format."""
 
     def __init__(self, w, wbits: int, group: int):
+        import torch
+
         self.n, self.k = int(w.shape[0]), int(w.shape[1])
         self.wbits, self.group = wbits, group
         if wbits == 16:
@@ -86,7 +88,7 @@ class _Linear:
         else:
             self.w, self.scale = quantize_rtn(w, wbits, group)
             # gemv_kernel reads int8 through a uint8 view (see its docstring)
-            self.kernel_weight = self.w.view(self.w.dtype if wbits == 4 else _uint8())
+            self.kernel_weight = self.w.view(torch.uint8)
             # The prefill GEMMs read the same quantized weight, dequantized once.
             self.float_weight = dequantize(self.w, self.scale, wbits, group).to(w.dtype)
 
@@ -363,12 +365,6 @@ class TritonDecoder:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return [int(t) for t in self.out_tokens[:max_new_tokens].tolist()]
-
-
-def _uint8():
-    import torch
-
-    return torch.uint8
 
 
 def triton_cdiv(a: int, b: int) -> int:
