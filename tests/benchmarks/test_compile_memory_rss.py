@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,3 +33,21 @@ def test_peak_rss_holds_the_weights_at_most_once(tmp_path):
     assert r.rc == 0, (tmp_path / "log").read_text()[-2000:]
     print(f"data {data / 1e6:.0f} MB, peak RSS {r.peak_rss_bytes / 1e6:.0f} MB")
     assert r.peak_rss_bytes < data + 250e6
+
+
+def test_peak_rss_is_the_commands_own_not_the_callers(tmp_path):
+    """ru_maxrss of a child spawned straight from a large process starts at the caller's size
+    (Linux keeps the forked image's high-water mark at exec); run_measured must not report it.
+    The caller holds 600 MB; an empty interpreter must measure under 150 MB, and a child that
+    touches 300 MB must measure at least that (numpy on the caller's and the child's side)."""
+    held = np.ones(600 * 2**20 // 8)  # 600 MiB resident in this process
+    try:
+        small = run_measured("empty", [sys.executable, "-c", "pass"], 60, str(tmp_path / "a.log"))
+        big = run_measured("300MB", [sys.executable, "-c",
+                                     "import numpy as np; a = np.ones(300 * 2**20 // 8); print(a[-1])"],
+                           60, str(tmp_path / "b.log"))
+    finally:
+        del held
+    assert small.rc == 0 and big.rc == 0, (small.note, big.note)
+    assert small.peak_rss_bytes < 150e6, small.peak_rss_bytes
+    assert 300 * 2**20 <= big.peak_rss_bytes < 600 * 2**20, big.peak_rss_bytes
