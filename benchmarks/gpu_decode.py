@@ -77,17 +77,20 @@ def check(args) -> int:
         forced = out[0, 16:].tolist()
         sd16 = {k: v.detach().half() for k, v in model.state_dict().items()}
         variants = [(16, v) for v in ("unfused", "fused", "fused-pdl") if v in args.variants] \
-            + [(8, "fused"), (4, "fused")]
+            + [(8, "fused"), (4, "fused"), (8, "fused-a8")] \
+            + ([(4, "fused-a8")] if cfg.hidden_size % 128 == 0 else [])  # int4 a8: groups of 128
         for wbits, variant in variants:
             if variant.endswith("pdl") and not K.HAS_PDL:
                 continue
             try:
                 # split 16: the 48 tokens span three chunks, so the merge combines real ones
+                a8 = variant.endswith("-a8")
                 dec = TritonDecoder(sd16, cfg, max_length=128, wbits=wbits, split=16,
                                     group=128 if cfg.hidden_size % 128 == 0 else 64,
-                                    gemv=_configs(args.configs, wbits) if variant != "unfused" else None,
+                                    gemv=_configs(args.configs, wbits, a8) if variant != "unfused" else None,
                                     inv_freq=model.model.rotary_emb.inv_freq,
-                                    fuse_attention=variant != "unfused", pdl=variant.endswith("pdl"))
+                                    fuse_attention=variant != "unfused",
+                                    pdl="pdl" in variant, act_int8=a8)
                 dec.prefill(ids)
                 cos, rel = [], []
                 for j in range(len(forced)):
@@ -136,13 +139,16 @@ def _weights(n, k, wbits, copies=4):
     return ws
 
 
-def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50):
+def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False):
     """Mean time of one GEMV launch (CUDA events around a CUDA graph of ``iters`` launches,
     each on the next of the weight copies) and the weight bytes per second it streams. With
     ``cfg.split_k`` > 1 the output is the float32 residual, added into in place (the O / down
-    projections' use)."""
+    projections' use). ``a8``: the integer-dot kernel (``gemv_a8_kernel``, input quantized to
+    int8 per block of 128)."""
     from passctl.targets.tvm import triton_decode as K
-    from passctl.targets.tvm.triton_decoder import triton_cdiv
+    from passctl.targets.tvm.triton_decoder import A8_BLOCK, triton_cdiv
+
+    kernel = K.gemv_a8_kernel if a8 else K.gemv_kernel
 
     copies = len(ws)
     x = torch.randn(2 * k if prologue == 2 else k, device="cuda", dtype=torch.float32)
@@ -152,10 +158,10 @@ def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50):
 
     def launch(i):
         w, s = ws[i % copies]
-        K.gemv_kernel[(triton_cdiv(n, cfg.block_n), split)](
+        kernel[(triton_cdiv(n, cfg.block_n), split)](
             w.view(torch.uint8) if wbits == 8 else w, s, x, g, out, out, N=n, K=k, EPS=1e-6,
             WBITS=wbits, GROUP=128, PROLOGUE=prologue, HAS_RES=split > 1, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, SPLIT_K=split, num_warps=cfg.num_warps)
+            BLOCK_K=A8_BLOCK if a8 else cfg.block_k, SPLIT_K=split, **cfg.launch_options())
 
     for i in range(3):
         launch(i)
@@ -179,7 +185,11 @@ def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50):
 
 
 #: the sweep's grid per (bits, projection): split-K only where the output is the residual
-def _grid(wbits, name):
+def _grid(wbits, name, a8=False):
+    splits = (1, 2, 4) if name in ("o", "down") else (1,)
+    if a8:  # K tile fixed at the quantization block; deeper pipelines instead
+        return [GemvConfig(bn, 128, nw, sk, st) for bn in (16, 32, 64, 128) for nw in (4, 8)
+                for st in (2, 3, 4) for sk in splits]
     bks = {16: (256, 512, 1024), 8: (256, 512, 1024), 4: (256, 512)}[wbits]
     splits = (1, 2, 4) if name in ("o", "down") else (1,)
     bns = (4, 8, 16) if name in ("o", "down") else (8, 16, 32)
@@ -191,14 +201,16 @@ def sweep(args) -> int:
     best = {}
     t0 = time.time()
     names = args.shapes or list(SHAPES)
-    for wbits in args.wbits:
+    kinds = [(b, a8) for b in args.wbits for a8 in ((False, True) if args.a8 == "both" else
+                                                    (args.a8 == "only",)) if not (a8 and b == 16)]
+    for wbits, a8 in kinds:
         for name in names:
             n, k, pro = SHAPES[name]
             results = []
             ws = _weights(n, k, wbits)
-            for cfg in _grid(wbits, name):
+            for cfg in _grid(wbits, name, a8):
                 try:
-                    ms, tbs = _time_gemv(ws, n, k, pro, wbits, cfg)
+                    ms, tbs = _time_gemv(ws, n, k, pro, wbits, cfg, a8=a8)
                 except Exception as exc:  # noqa: BLE001  (a config out of registers / shared memory)
                     print(f"  {name} w{wbits} {cfg}: {type(exc).__name__}")
                     continue
@@ -206,10 +218,11 @@ def sweep(args) -> int:
             del ws
             results.sort(key=lambda r: r[0])
             ms, tbs, cfg = results[0]
-            best[f"{wbits}:{name}"] = dict(block_n=cfg.block_n, block_k=cfg.block_k,
-                                           num_warps=cfg.num_warps, split_k=cfg.split_k,
-                                           us=round(ms * 1000, 2), TBps=round(tbs, 3))
-            print(f"w{wbits:<2} {name:8s} [{n}x{k}] best {cfg} {ms * 1000:.1f} us {tbs:.2f} TB/s "
+            best[f"{wbits}{'a8' if a8 else ''}:{name}"] = dict(
+                block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps,
+                split_k=cfg.split_k, num_stages=cfg.num_stages, us=round(ms * 1000, 2),
+                TBps=round(tbs, 3))
+            print(f"w{wbits}{'a8' if a8 else '':<2} {name:8s} [{n}x{k}] best {cfg} {ms * 1000:.1f} us {tbs:.2f} TB/s "
                   f"({len(results)} configs, {time.time() - t0:.0f} s)", flush=True)
     print(f"sweep took {time.time() - t0:.0f} s")
     out = args.out or os.path.join(os.environ.get("OUT", "."), "gemv_configs.json")
@@ -222,13 +235,27 @@ def sweep(args) -> int:
     return 0
 
 
-def _configs(path, wbits):
+def _configs(path, wbits, a8=False):
+    """Tiles per projection for ``wbits`` (keys ``"8:qkv"``; ``"8a8:qkv"`` for the
+    integer-dot kernel) from a sweep's json; with ``a8``, per projection the faster of the two
+    kernels as the sweep timed them."""
     if not path:
         return None
     with open(path) as f:
         data = json.load(f)
-    return {name: GemvConfig(v["block_n"], v["block_k"], v["num_warps"], v.get("split_k", 1))
-            for key, v in data.items() for b, name in [key.split(":")] if int(b) == wbits}
+    def read(want):
+        return {name: (v["us"], GemvConfig(v["block_n"], v["block_k"], v["num_warps"],
+                                           v.get("split_k", 1), v.get("num_stages"),
+                                           a8=want.endswith("a8")))
+                for key, v in data.items() for b, name in [key.split(":")] if b == want}
+
+    plain = read(str(wbits))
+    if not a8:
+        return {name: cfg for name, (_, cfg) in plain.items()}
+    # the integer-dot kernel where the sweep timed it faster, the float one elsewhere
+    dot = read(f"{wbits}a8")
+    return {name: min([c for c in (plain.get(name), dot.get(name)) if c],
+                      key=lambda c: c[0])[1] for name in {*plain, *dot}}
 
 
 def _copy_bandwidth() -> float:
@@ -313,19 +340,27 @@ def bench(args) -> int:
     max_length = args.max_length or -(-(args.prompt + n) // 64) * 64
     for wbits in args.wbits:
         for variant in args.variants:
-            fused, pdl = variant != "unfused", variant.endswith("pdl")
+            fused, pdl, a8 = variant != "unfused", "pdl" in variant, variant.endswith("-a8")
             if pdl and not K.HAS_PDL:
                 print(f"passctl w{wbits} {variant}: skipped, this Triton has no PDL")
                 continue
-            gemv = _configs(args.configs, wbits) or {}
+            if a8 and wbits == 16:
+                continue
+            gemv = _configs(args.configs, wbits, a8) or {}
+            if a8 and gemv and not any(c.a8 for c in gemv.values()):
+                print(f"passctl w{wbits} {variant}: skipped, the sweep found the float GEMV "
+                      "faster for every projection")
+                continue
             if not fused:  # the previous step: 7 kernels per layer, no split-K
                 gemv = {k: GemvConfig(c.block_n, c.block_k, c.num_warps) for k, c in gemv.items()}
             label = ("fp16" if wbits == 16 else f"int{wbits} weight-only (RTN)") + f", {variant}"
+            if a8:
+                label += " (int8 activations per block of 128)"
             try:
                 t0 = time.perf_counter()
                 dec = TritonDecoder(sd, cfg, max_length=max_length, wbits=wbits, gemv=gemv,
                                     inv_freq=model.model.rotary_emb.inv_freq,
-                                    fuse_attention=fused, pdl=pdl)
+                                    fuse_attention=fused, pdl=pdl, act_int8=a8)
                 dec.prefill(ids)
                 dec.capture()
                 torch.cuda.synchronize()
@@ -393,10 +428,14 @@ def main(argv=None) -> int:
                    help="KV cache length (default: prompt + tokens rounded up to 64, as "
                         "transformers' static cache sizes it)")
     p.add_argument("--variants", nargs="+", default=["unfused", "fused", "fused-pdl"],
-                   choices=("unfused", "fused", "fused-pdl"),
+                   choices=("unfused", "fused", "fused-pdl", "fused-a8", "fused-pdl-a8"),
                    help="unfused: 7 kernels per layer (rotary and merge apart), no split-K; "
                         "fused: 5 per layer + split-K O / down; fused-pdl: and programmatic "
-                        "dependent launch")
+                        "dependent launch; -a8: int8 / int4 GEMVs with int8 activations "
+                        "(integer dot products; skipped for fp16)")
+    p.add_argument("--a8", choices=("no", "only", "both"), default="no",
+                   help="sweep: the float-dequantizing GEMV (no), the integer-dot one (only), "
+                        "or both")
     p.add_argument("--shapes", nargs="+", default=None, choices=tuple(SHAPES),
                    help="projections the sweep tunes (default all)")
     p.add_argument("--repeat", type=int, default=2)

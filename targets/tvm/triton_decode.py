@@ -10,6 +10,9 @@ kernels are written for that regime:
   so a decoder layer needs no separate norm / activation / add kernels. Weights fp16 / bf16, int8
   with one scale per output channel, or int4 with one scale per block of ``GROUP`` inputs
   (weight-only quantization, issue 18: the weight is dequantized in registers, never in memory).
+* :func:`gemv_a8_kernel`: the same GEMV for int8 / int4 weights with the input vector quantized
+  to int8 per block of 128 at run time and integer tensor-core dot products (W8A8 / W4A8, as
+  ONNX Runtime's MatMulNBits at accuracy_level 4), so no float work is spent per weight.
 * :func:`rotary_cache_kernel` applies rotary embedding (rotate-half, Su et al. 2021, as
   transformers' ``apply_rotary_pos_emb``) to Q and K at the current position and writes K and V
   into the static KV cache in place.
@@ -229,6 +232,111 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
         y = tl.sum(acc, 1)
         if WBITS == 8:
             y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
+    if SPLIT_K > 1:
+        tl.atomic_add(out_ptr + rows, y, mask=row_ok, sem="relaxed")
+    else:
+        if HAS_RES:
+            y += tl.load(res_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _quantize_block(xv, A8_BLOCK: tl.constexpr):
+    """Symmetric int8 codes of one block of the input vector: ``(q, step)`` with
+    ``q = round(x / step)`` (half away from zero) in [-127, 127] and ``step = max|x| / 127``
+    (1 where the block is zero). One step per block of ``A8_BLOCK`` inputs: the activation half of
+    ONNX Runtime's ``MatMulNBits`` at ``accuracy_level`` 4 and of llama.cpp's ``q8_1`` (blocks of
+    32 there)."""
+    step = _a8_step(tl.max(tl.abs(xv), 0))
+    return _a8_codes(xv, step), step
+
+
+@triton.jit
+def _a8_step(amax):
+    """The int8 step of a block whose largest magnitude is ``amax`` (1 for an all-zero block)."""
+    return tl.where(amax > 0, amax / 127.0, 1.0)
+
+
+@triton.jit
+def _a8_codes(xv, step):
+    """``round(x / step)``, half away from zero, as int32."""
+    v = xv / step
+    return tl.where(v >= 0, v + 0.5, v - 0.5).to(tl.int32)
+
+
+@triton.jit
+def gemv_a8_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
+                   N: tl.constexpr, K: tl.constexpr, EPS: tl.constexpr,
+                   WBITS: tl.constexpr, GROUP: tl.constexpr,
+                   PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr = 1,
+                   PDL: tl.constexpr = False):
+    """:func:`gemv_kernel` for int8 / int4 weights with integer dot products: the input vector
+    is quantized to int8 per block of ``BLOCK_K`` inputs at run time (:func:`_quantize_block`),
+    and each ``[BLOCK_N, BLOCK_K]`` weight tile is multiplied on the tensor cores as an int8 x
+    int8 -> int32 ``tl.dot`` (the vector padded to 16 rows, the mma's least M). Per weight this
+    costs no float work (the fp32 kernel spends 4-5 instructions per weight on dequantization
+    and FMA, which bounds it below the memory bandwidth on sm_90); the sums are exact integers,
+    scaled once per tile.
+
+    ``W`` as in :func:`gemv_kernel`: int8 (a uint8 view, ``scale_ptr`` fp32 ``[N]``) or int4
+    (uint8 ``[N, K / 2]``, element ``2j`` in the low nibble, value ``nibble - 8``; ``scale_ptr``
+    fp32 ``[N, K / GROUP]``, ``GROUP`` = ``BLOCK_K``). The nibbles enter the dot unsigned
+    (0..15, as int8) against the even / odd inputs, and the zero point comes off exactly as
+    ``8 * sum(q)`` per block. Result: ``out[n] = sum_blocks step_b * s[n, b] * sum_k
+    q_k w[n, k] (+ res[n])``: the input's rounding (relative 1/254 of each block's max) is the
+    error this adds to weight-only quantization. ``PROLOGUE``, ``HAS_RES``, ``SPLIT_K`` and
+    ``PDL`` as in :func:`gemv_kernel`.
+    """
+    _pdl_enter(PDL)
+    tl.static_assert(WBITS == 8 or GROUP == BLOCK_K)
+    pid = tl.program_id(0)
+    KS: tl.constexpr = ((K + SPLIT_K - 1) // SPLIT_K + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    k_lo = tl.program_id(1) * KS
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    inv_rms = 1.0
+    if PROLOGUE == 1:
+        sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+            sq += xv * xv
+        inv_rms = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + EPS)
+    first = (tl.arange(0, 16) == 0)[:, None]
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_lo + KS, BLOCK_K):
+        if WBITS == 8:
+            cols = k0 + tl.arange(0, BLOCK_K)
+            ok = cols < K
+            q, step = _quantize_block(_input(x_ptr, norm_ptr, cols, ok, inv_rms, K, PROLOGUE),
+                                      BLOCK_K)
+            a = tl.where(first, q[None, :], 0).to(tl.int8)
+            w = tl.load(w_ptr + rows[None, :] * K + cols[:, None],
+                        mask=ok[:, None] & row_ok[None, :], other=0).to(tl.int8, bitcast=True)
+            d = tl.dot(a, w, out_dtype=tl.int32)
+            acc += d.to(tl.float32) * step
+        else:
+            HALF: tl.constexpr = BLOCK_K // 2
+            j = tl.arange(0, HALF)
+            ev = k0 + 2 * j
+            x_e = _input(x_ptr, norm_ptr, ev, ev < K, inv_rms, K, PROLOGUE)
+            x_o = _input(x_ptr, norm_ptr, ev + 1, ev + 1 < K, inv_rms, K, PROLOGUE)
+            step = _a8_step(tl.maximum(tl.max(tl.abs(x_e), 0), tl.max(tl.abs(x_o), 0)))
+            q_e, q_o = _a8_codes(x_e, step), _a8_codes(x_o, step)
+            b = tl.load(w_ptr + rows[None, :] * (K // 2) + (k0 // 2 + j)[:, None],
+                        mask=(2 * j + k0 < K)[:, None] & row_ok[None, :], other=0x88)
+            lo = (b & 15).to(tl.int8)
+            hi = (b >> 4).to(tl.int8)
+            d = tl.dot(tl.where(first, q_e[None, :], 0).to(tl.int8), lo, out_dtype=tl.int32)
+            d = tl.dot(tl.where(first, q_o[None, :], 0).to(tl.int8), hi, acc=d,
+                       out_dtype=tl.int32)
+            d -= 8 * (tl.sum(q_e, 0) + tl.sum(q_o, 0))
+            sc = tl.load(scale_ptr + rows * (K // GROUP) + k0 // GROUP, mask=row_ok, other=0.0)
+            acc += d.to(tl.float32) * (step * sc)[None, :]
+    y = tl.sum(tl.where(first, acc, 0.0), 0)
+    if WBITS == 8:
+        y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
     if SPLIT_K > 1:
         tl.atomic_add(out_ptr + rows, y, mask=row_ok, sem="relaxed")
     else:

@@ -35,6 +35,22 @@ class GemvConfig:
     #: programs along K adding into the float32 residual with atomics (only the O and down
     #: projections, whose output is the residual stream; 1 elsewhere)
     split_k: int = 1
+    #: software-pipelining depth of the K loop (Triton's ``num_stages``; None: its default)
+    num_stages: Optional[int] = None
+    #: with the decoder's ``act_int8``: this projection takes the integer-dot kernel (False:
+    #: the float-dequantizing one, where a sweep found it faster)
+    a8: bool = True
+
+    def launch_options(self) -> Dict[str, int]:
+        """Triton launch options: ``num_warps`` and, where set, ``num_stages``."""
+        opts = dict(num_warps=self.num_warps)
+        if self.num_stages is not None:
+            opts["num_stages"] = self.num_stages
+        return opts
+
+
+#: inputs per activation quantization block of the integer-dot GEMV (``act_int8``)
+A8_BLOCK = 128
 
 
 def quantize_rtn(w, bits: int, group: int = 128):
@@ -114,15 +130,21 @@ class TritonDecoder:
             each kernel's launch overlaps the previous one's tail.
         split: cache rows per decode-attention program (flash-decoding's chunk; a power of
             two dividing ``max_length``).
+        act_int8: with ``wbits`` 8 or 4, the decode GEMVs quantize their input vector to int8
+            per block of :data:`A8_BLOCK` at run time and multiply with integer dot products
+            (``gemv_a8_kernel``; the scheme of ONNX Runtime's MatMulNBits at accuracy_level 4).
+            Int4 needs ``group`` = :data:`A8_BLOCK`. The prefill is unchanged (float GEMMs).
 
     Raises:
         ValueError: the head size is not a power of two, or ``max_length`` is not a multiple
-            of the attention split.
+            of the attention split; ``act_int8`` with fp16 weights or an int4 group other
+            than :data:`A8_BLOCK`.
     """
 
     def __init__(self, state: Dict, config, max_length: int, wbits: int = 16, group: int = 128,
                  gemv: Optional[Dict[str, GemvConfig]] = None, inv_freq=None,
-                 fuse_attention: bool = True, pdl: bool = False, split: int = 64):
+                 fuse_attention: bool = True, pdl: bool = False, split: int = 64,
+                 act_int8: bool = False):
         import torch
 
         self.config = config
@@ -137,6 +159,10 @@ class TritonDecoder:
         self.M = int(max_length)
         self.SPLIT = int(split)
         self.fuse_attention = bool(fuse_attention)
+        if act_int8 and (wbits == 16 or (wbits == 4 and group != A8_BLOCK)):
+            raise ValueError(f"act_int8 needs int8 weights or int4 in groups of {A8_BLOCK} "
+                             f"(got wbits={wbits}, group={group})")
+        self.act_int8 = bool(act_int8)
         if pdl and not K.HAS_PDL:
             raise ValueError("this Triton has no grid dependency control (pdl=True needs >= 3.3)")
         self.pdl = bool(pdl)
@@ -216,12 +242,15 @@ class TritonDecoder:
               pdl=False):
         split = cfg.split_k if (res is out and out.dtype == self.x.dtype) else 1
         grid = (triton_cdiv(lin.n, cfg.block_n), split)
-        K.gemv_kernel[grid](lin.kernel_weight, lin.scale, x, norm if norm is not None else x,
-                            res if res is not None else out, out,
-                            N=lin.n, K=lin.k, EPS=self.eps, WBITS=lin.wbits, GROUP=lin.group,
-                            PROLOGUE=prologue, HAS_RES=res is not None,
-                            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
-                            num_warps=cfg.num_warps, **self._launch(pdl))
+        kernel, block_k = K.gemv_kernel, cfg.block_k
+        if self.act_int8 and cfg.a8:
+            kernel, block_k = K.gemv_a8_kernel, A8_BLOCK
+        kernel[grid](lin.kernel_weight, lin.scale, x, norm if norm is not None else x,
+                     res if res is not None else out, out,
+                     N=lin.n, K=lin.k, EPS=self.eps, WBITS=lin.wbits, GROUP=lin.group,
+                     PROLOGUE=prologue, HAS_RES=res is not None,
+                     BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=split,
+                     **cfg.launch_options(), **self._launch(pdl))
 
     def _attention_decode(self, layer_index: int):
         group = self.H // self.KVH
@@ -375,4 +404,4 @@ def triton_next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-__all__ = ["GemvConfig", "TritonDecoder", "dequantize", "quantize_rtn"]
+__all__ = ["A8_BLOCK", "GemvConfig", "TritonDecoder", "dequantize", "quantize_rtn"]

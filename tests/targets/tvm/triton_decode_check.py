@@ -3,6 +3,7 @@ decode kernels of ``passctl.targets.tvm.triton_decode`` against independent refe
 
     python triton_decode_check.py generate   # tiny Llama: greedy tokens + teacher-forced logits
     python triton_decode_check.py gemv       # GEMV fp32 / int8 / int4, every prologue, split-K
+    python triton_decode_check.py gemv_a8    # the integer-dot GEMV (int8 activations)
 
 Prints one JSON object on stdout.
 """
@@ -99,5 +100,51 @@ def gemv() -> dict:
     return dict(cases=results)
 
 
+def _quantize_blocks(v: np.ndarray, block: int) -> np.ndarray:
+    """Numpy's reading of the activation quantization of gemv_a8_kernel: per block of ``block``,
+    step = max|v| / 127, codes rounded half away from zero; returns the dequantized vector."""
+    b = v.reshape(-1, block)
+    amax = np.abs(b).max(1, keepdims=True)
+    step = np.where(amax > 0, amax / 127.0, 1.0)
+    t = b / step
+    return (np.where(t >= 0, np.floor(t + 0.5), np.ceil(t - 0.5)) * step).reshape(-1)
+
+
+def gemv_a8() -> dict:
+    from passctl.targets.tvm import triton_decode as K
+    from passctl.targets.tvm.triton_decoder import A8_BLOCK, dequantize, quantize_rtn, triton_cdiv
+
+    rng = np.random.default_rng(1)
+    n, k, eps = 40, 3 * A8_BLOCK, 1e-6
+    w = torch.tensor(rng.standard_normal((n, k)), dtype=torch.float32)
+    x = torch.tensor(rng.standard_normal(2 * k), dtype=torch.float32)
+    x[7] = 0.0
+    x[A8_BLOCK:2 * A8_BLOCK] = 0.0  # an all-zero block: step 1, codes 0
+    gain = torch.tensor(rng.standard_normal(k), dtype=torch.float32)
+    res0 = torch.tensor(rng.standard_normal(n), dtype=torch.float32)
+    xn, xg = x.numpy().astype(np.float64), gain.numpy().astype(np.float64)
+    inputs = {0: xn[:k], 1: xn[:k] / np.sqrt(np.mean(xn[:k] ** 2) + eps) * xg,
+              2: xn[:k] / (1 + np.exp(-xn[:k])) * xn[k:]}
+    results = []
+    for bits in (8, 4):
+        wq, scale = quantize_rtn(w, bits, A8_BLOCK)
+        wref = dequantize(wq, scale, bits, A8_BLOCK).numpy().astype(np.float64)
+        for prologue in (0, 1, 2):
+            for split in (1, 2):
+                out = res0.clone()
+                K.gemv_a8_kernel[(triton_cdiv(n, 16), split)](
+                    wq.view(torch.uint8) if bits == 8 else wq, scale, x, gain, out, out, N=n, K=k,
+                    EPS=eps, WBITS=bits, GROUP=A8_BLOCK, PROLOGUE=prologue, HAS_RES=True,
+                    BLOCK_N=16, BLOCK_K=A8_BLOCK, SPLIT_K=split)
+                got = out.numpy().astype(np.float64)
+                ref = wref @ _quantize_blocks(inputs[prologue], A8_BLOCK) + res0.numpy()
+                exact = wref @ inputs[prologue] + res0.numpy()
+                results.append(dict(
+                    bits=bits, prologue=prologue, split_k=split,
+                    max_rel=float(np.abs(got - ref).max() / np.abs(ref).max()),
+                    vs_float_input=float(np.abs(got - exact).max() / np.abs(exact).max())))
+    return dict(cases=results)
+
+
 if __name__ == "__main__":
-    print(json.dumps({"generate": generate, "gemv": gemv}[sys.argv[1]]()))
+    print(json.dumps({"generate": generate, "gemv": gemv, "gemv_a8": gemv_a8}[sys.argv[1]]()))
