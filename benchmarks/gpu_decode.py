@@ -159,8 +159,7 @@ def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False):
     def launch(i):
         w, s = ws[i % copies]
         kernel[(triton_cdiv(n, cfg.block_n), split)](
-            w if wbits == 16 else w.view(torch.uint8 if a8 else torch.int32), s, x, g, out, out,
-            N=n, K=k, EPS=1e-6,
+            w.view(torch.uint8) if wbits == 8 else w, s, x, g, out, out, N=n, K=k, EPS=1e-6,
             WBITS=wbits, GROUP=128, PROLOGUE=prologue, HAS_RES=split > 1, BLOCK_N=cfg.block_n,
             BLOCK_K=A8_BLOCK if a8 else cfg.block_k, SPLIT_K=split, **cfg.launch_options())
 

@@ -136,22 +136,13 @@ def _input(x_ptr, norm_ptr, cols, ok, inv_rms, K: tl.constexpr, PROLOGUE: tl.con
 
 
 @triton.jit
-def _mantissa_code(u, SHIFT: tl.constexpr, BITS: tl.constexpr):
-    """The float32 ``1 + c / 2^BITS`` for the ``BITS``-bit field ``c`` of ``u`` (uint32) at bit
-    ``SHIFT``, with no int-to-float conversion: the field is moved to the top of the mantissa
-    and OR-ed with the exponent of 1.0 (one shift and one LOP3 on sm_90). The "magic number"
-    dequantization of FasterTransformer and Marlin, with the field in the high mantissa bits
-    so products keep float32 precision; the caller takes the constant back out once per sum
-    (``sum x * c = 2^BITS * sum x * f - 2^BITS * sum x``). Conversions run at a quarter of the
-    FMA rate on sm_90 and the old form (field in the low bits, then a subtraction) cost a
-    third instruction per weight."""
-    UP: tl.constexpr = 23 - BITS - SHIFT
-    MASK: tl.constexpr = ((1 << BITS) - 1) << (23 - BITS)
-    if UP >= 0:
-        t = u << UP
-    else:
-        t = u >> (-UP)
-    return ((t & MASK) | 0x3F800000).to(tl.float32, bitcast=True)
+def _biased_to_f32(u, BIAS: tl.constexpr):
+    """``float32(u - BIAS)`` for small non-negative integers ``u`` (uint32, below 2^23) without
+    an int-to-float conversion: OR-ing ``u`` into the mantissa of 2^23 gives the float
+    ``2^23 + u`` exactly, and one float subtraction removes the offset (the "magic number"
+    dequantization of FasterTransformer and Marlin: conversions run at a quarter of the FMA
+    rate on sm_90, integer logic and float adds at full rate)."""
+    return (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + BIAS)
 
 
 @triton.jit
@@ -165,12 +156,10 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
 
     Args:
         w_ptr: the weight, row-major ``[N, K]``: fp16 / bf16 (``WBITS`` 16); int8 (``WBITS`` 8,
-            passed as an int32 view ``[N, K / 4]`` of the int8 values, ``scale_ptr`` fp32
-            ``[N]``: ``W = w * scale[n]``); or int4 (``WBITS`` 4: the uint8 ``[N, K / 2]``
-            codes, element ``2j`` in the low nibble, ``2j + 1`` in the high one, value
-            ``nibble - 8``, passed as an int32 view ``[N, K / 8]``; ``scale_ptr`` fp32
-            ``[N, K / GROUP]``). Quantized weights are dequantized in registers with
-            :func:`_mantissa_code`: 3-4 instructions per weight.
+            passed as a uint8 view of the int8 values, ``scale_ptr`` fp32 ``[N]``:
+            ``W = w * scale[n]``); or int4 (``WBITS`` 4: uint8
+            ``[N, K / 2]``, element ``2j`` in the low nibble, ``2j + 1`` in the high one, value
+            ``nibble - 8``; ``scale_ptr`` fp32 ``[N, K / GROUP]``).
         x_ptr: the input vector. ``PROLOGUE`` 0: ``x'`` = x (any float dtype, ``[K]``);
             1: RMSNorm, ``x' = x / sqrt(mean(x^2) + EPS) * norm[k]`` (x float32 ``[K]``,
             ``norm_ptr`` the gain; Zhang & Sennrich 2019); 2: SiLU-gated, x ``[2K]`` = gate then
@@ -200,61 +189,49 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
             sq += xv * xv
         inv_rms = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + EPS)
     if WBITS == 4:
-        # Tiles of NG groups x GW inputs, read as int32 words of 8 nibbles (inputs 8c .. 8c+7 of
-        # word c); one scale per (row, group), loaded once per tile.
+        # Tiles of NG groups x GW inputs: one scale per (row, group), loaded once per tile;
+        # the packed bytes and x are read contiguously, x split into even / odd elements.
         tl.static_assert((GROUP % BLOCK_K == 0) or (BLOCK_K % GROUP == 0))
         NG: tl.constexpr = BLOCK_K // GROUP if BLOCK_K >= GROUP else 1
         GW: tl.constexpr = GROUP if BLOCK_K >= GROUP else BLOCK_K
-        GW8: tl.constexpr = GW // 8
-        acc = tl.zeros((BLOCK_N, NG, GW8), dtype=tl.float32)
+        GH: tl.constexpr = GW // 2
+        acc = tl.zeros((BLOCK_N, NG, GH), dtype=tl.float32)
         gi = tl.arange(0, NG)
-        jw = tl.arange(0, GW8)
+        jj = tl.arange(0, GW)
+        jh = tl.arange(0, GH)
         for k0 in range(k_lo, k_lo + KS, BLOCK_K):
-            base = k0 + gi[:, None] * GW + 8 * jw[None, :]  # [NG, GW8]: each word's first input
-            m3 = row_ok[:, None, None] & (base < K)[None, :, :]
-            u = tl.load(w_ptr + rows[:, None, None] * (K // 8) + (base // 8)[None, :, :], mask=m3,
-                        other=0).to(tl.uint32, bitcast=True)
-            part = tl.zeros((BLOCK_N, NG, GW8), dtype=tl.float32)
-            xs = tl.zeros((NG, GW8), dtype=tl.float32)
-            for i in tl.static_range(8):
-                xv = _input(x_ptr, norm_ptr, base + i, base + i < K, inv_rms, K, PROLOGUE)
-                part += _mantissa_code(u, 4 * i, 4) * xv[None, :, :]
-                xs += xv
+            cols = k0 + gi[:, None] * GW + jj[None, :]
+            xv = _input(x_ptr, norm_ptr, cols, cols < K, inv_rms, K, PROLOGUE)
+            x0, x1 = tl.split(tl.reshape(xv, (NG, GH, 2)))
+            half = (k0 + gi[:, None] * GW) // 2 + jh[None, :]
+            m3 = row_ok[:, None, None] & (half * 2 < K)[None, :, :]
+            b = tl.load(w_ptr + rows[:, None, None] * (K // 2) + half[None, :, :], mask=m3,
+                        other=0x88).to(tl.uint32)
+            lo = _biased_to_f32(b & 15, 8)
+            hi = _biased_to_f32(b >> 4, 8)
             grp = (k0 + gi * GW) // GROUP
             sc = tl.load(scale_ptr + rows[:, None] * (K // GROUP) + grp[None, :],
                          mask=row_ok[:, None] & (grp < K // GROUP)[None, :], other=0.0)
-            # code f = 1 + n / 16 for nibble n, value n - 8 = 16 f - 24
-            acc += (16.0 * part - 24.0 * xs[None, :, :]) * sc[:, :, None]
+            acc += (lo * x0[None, :, :] + hi * x1[None, :, :]) * sc[:, :, None]
         y = tl.sum(tl.sum(acc, 2), 1)
-    elif WBITS == 8:
-        # int32 words of 4 int8 values (inputs 4c .. 4c+3 of word c); XOR 0x80 per byte makes
-        # each value offset binary, u = q + 128.
-        QW: tl.constexpr = BLOCK_K // 4
-        jw = tl.arange(0, QW)
-        acc = tl.zeros((BLOCK_N, QW), dtype=tl.float32)
-        xs = tl.zeros((QW,), dtype=tl.float32)
-        for k0 in range(k_lo, k_lo + KS, BLOCK_K):
-            base = k0 + 4 * jw
-            u = tl.load(w_ptr + rows[:, None] * (K // 4) + (base // 4)[None, :],
-                        mask=row_ok[:, None] & (base < K)[None, :], other=0)
-            u = u.to(tl.uint32, bitcast=True) ^ 0x80808080
-            for i in tl.static_range(4):
-                xv = _input(x_ptr, norm_ptr, base + i, base + i < K, inv_rms, K, PROLOGUE)
-                acc += _mantissa_code(u, 8 * i, 8) * xv[None, :]
-                xs += xv
-        # code f = 1 + u / 256, value q = u - 128 = 256 f - 384
-        y = (256.0 * tl.sum(acc, 1) - 384.0 * tl.sum(xs, 0)) \
-            * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(k_lo, k_lo + KS, BLOCK_K):
             cols = k0 + tl.arange(0, BLOCK_K)
             ok = cols < K
             xv = _input(x_ptr, norm_ptr, cols, ok, inv_rms, K, PROLOGUE)
-            w = tl.load(w_ptr + rows[:, None] * K + cols[None, :],
-                        mask=row_ok[:, None] & ok[None, :], other=0.0)
-            acc += w.to(tl.float32) * xv[None, :]
+            if WBITS == 8:
+                # w_ptr read as uint8: two's complement q; q + 128 = u ^ 0x80
+                u = tl.load(w_ptr + rows[:, None] * K + cols[None, :],
+                            mask=row_ok[:, None] & ok[None, :], other=0x80).to(tl.uint32)
+                acc += _biased_to_f32(u ^ 0x80, 128) * xv[None, :]
+            else:
+                w = tl.load(w_ptr + rows[:, None] * K + cols[None, :],
+                            mask=row_ok[:, None] & ok[None, :], other=0.0)
+                acc += w.to(tl.float32) * xv[None, :]
         y = tl.sum(acc, 1)
+        if WBITS == 8:
+            y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
     if SPLIT_K > 1:
         tl.atomic_add(out_ptr + rows, y, mask=row_ok, sem="relaxed")
     else:

@@ -100,12 +100,11 @@ class _Linear:
         if wbits == 16:
             self.float_weight = w.contiguous()
             self.w, self.scale = self.float_weight, self.float_weight
-            self.kernel_weight = self.byte_weight = self.w
+            self.kernel_weight = self.w
         else:
             self.w, self.scale = quantize_rtn(w, wbits, group)
-            # gemv_kernel reads the codes as int32 words, gemv_a8_kernel as bytes (docstrings)
-            self.kernel_weight = self.w.view(torch.int32)
-            self.byte_weight = self.w.view(torch.uint8)
+            # gemv_kernel reads int8 through a uint8 view (see its docstring)
+            self.kernel_weight = self.w.view(torch.uint8)
             # The prefill GEMMs read the same quantized weight, dequantized once.
             self.float_weight = dequantize(self.w, self.scale, wbits, group).to(w.dtype)
 
@@ -243,10 +242,10 @@ class TritonDecoder:
               pdl=False):
         split = cfg.split_k if (res is out and out.dtype == self.x.dtype) else 1
         grid = (triton_cdiv(lin.n, cfg.block_n), split)
-        kernel, block_k, weight = K.gemv_kernel, cfg.block_k, lin.kernel_weight
+        kernel, block_k = K.gemv_kernel, cfg.block_k
         if self.act_int8 and cfg.a8:
-            kernel, block_k, weight = K.gemv_a8_kernel, A8_BLOCK, lin.byte_weight
-        kernel[grid](weight, lin.scale, x, norm if norm is not None else x,
+            kernel, block_k = K.gemv_a8_kernel, A8_BLOCK
+        kernel[grid](lin.kernel_weight, lin.scale, x, norm if norm is not None else x,
                      res if res is not None else out, out,
                      N=lin.n, K=lin.k, EPS=self.eps, WBITS=lin.wbits, GROUP=lin.group,
                      PROLOGUE=prologue, HAS_RES=res is not None,

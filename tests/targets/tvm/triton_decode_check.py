@@ -91,8 +91,7 @@ def gemv() -> dict:
                 for bk in ((32, 128) if bits != 4 else (32, 128)):
                     out = res0.clone()
                     K.gemv_kernel[(triton_cdiv(n, 8), split)](
-                        wq if bits == 16 else wq.view(torch.int32), scale, x, gain, out, out,
-                        N=n, K=k, EPS=eps, WBITS=bits, GROUP=64,
+                        wq.view(torch.uint8) if bits == 8 else wq, scale, x, gain, out, out, N=n, K=k, EPS=eps, WBITS=bits, GROUP=64,
                         PROLOGUE=prologue, HAS_RES=True, BLOCK_N=8, BLOCK_K=bk, SPLIT_K=split)
                     ref = wref @ inputs[prologue] + res0.numpy()
                     rel = float(np.abs(out.numpy() - ref).max() / np.abs(ref).max())
