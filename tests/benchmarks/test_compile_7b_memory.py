@@ -57,3 +57,42 @@ def test_two_layer_int4_artifact_matches_rtn_error(tmp_path):
     assert 0.05 < rel(qdq, ref) < 0.5  # int4 RTN changes the logits by this much
     assert rel(got, ref) < 1.1 * rel(qdq, ref)
     assert rel(got, qdq) < 0.05  # the rest: int8 activations of accuracy_level 4
+
+
+
+def _quantize_peak(folder, layers: int):
+    """(peak, held) Python memory in bytes (tracemalloc, which numpy reports its arrays to; the
+    memory-mapped weights are not counted) of quantize-weights bits=4 on the writer's decoder."""
+    import tracemalloc
+
+    from passctl.ir import load
+    from passctl.passes.common.infer_shapes import InferShapes
+    from passctl.passes.quantize.weights import QuantizeWeights
+
+    src = str(folder / f"model{layers}.onnx")
+    write_model(src, LlamaShape(layers=layers, hidden=512, heads=8, ffn=1408, vocab=4096))
+    model = load(src)
+    InferShapes().run(model)  # MatMuls of an untyped fp16 data input are not layers
+    tracemalloc.start()
+    try:
+        result = QuantizeWeights(bits=4).run(model)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.stats["quantized_layers"] == 7 * layers + 1
+    return peak, held
+
+
+def test_streaming_quantize_weights_peak_does_not_grow_with_layers(tmp_path):
+    """quantize-weights on external fp16 weights quantizes, spills and drops one layer at a time,
+    so its peak Python memory is one layer's working set whatever the depth: 8 layers may peak
+    above 2 layers by at most a quarter of the 6 extra layers' unpacked codes (one byte per
+    weight, 3.2 MB a layer here). Before the fix the pass kept a ``codes[:0]`` view per layer
+    until it returned; a view keeps its base, the whole uint8 codes array (at 7B: 6.7 GB)."""
+    per_layer = 4 * 512 * 512 + 3 * 512 * 1408
+    peak2, _ = _quantize_peak(tmp_path, 2)
+    peak8, held8 = _quantize_peak(tmp_path, 8)
+    print(f"peak 2 layers {peak2 / 1e6:.1f} MB, 8 layers {peak8 / 1e6:.1f} MB, held after "
+          f"{held8 / 1e6:.2f} MB; 6 layers' codes {6 * per_layer / 1e6:.1f} MB")
+    assert peak8 - peak2 < 0.25 * 6 * per_layer
+    assert held8 < 0.05 * 8 * per_layer

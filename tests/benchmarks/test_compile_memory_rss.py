@@ -5,8 +5,9 @@ measured): ru_maxrss of the compile subprocess against the data's size.
 The bound: the data once plus 250 MB (the interpreter, onnx / numpy / onnxruntime imports are about
 120 MB). A compile that holds the fp16 weights twice (a float copy beside the external data, or all
 int4 codes beside their float source) exceeds it; main before the streaming change peaked at 3.6x
-the data (4.81 GB for 1.33 GB, 2-layer 7B width). The issue's goal, well below the data size, is not
-reached yet: measured 434 MB for 388 MB (issue 18)."""
+the data (4.81 GB for 1.33 GB, 2-layer 7B width). Measured 434 MB for 388 MB, 400 MB after the
+codes-view fix (7e0bf0a); at this size the fixed cost dominates: the full LLaMA-7B shape peaks at
+0.61 GB for 13.48 GB (benchmarks/results/compile_7b_memory-2026-12-02b.md, issue 18)."""
 
 from __future__ import annotations
 
