@@ -101,7 +101,8 @@ def values_problem(got: Mapping[str, Any], want: Mapping[str, Any],
     unoptimized run ``want`` by more than ``rtol`` of ``max |want|`` (over the positions finite
     in both), or None. With ``exact`` (the model's float64 evaluation on the same inputs,
     :func:`passctl.support.exact.float64_outputs`), only where it is also more than ``rtol``
-    further from the float64 answer than ``want`` is (:func:`passctl.support.exact.rounding_excess`):
+    further from the float64 answer than ``want`` is
+    (:func:`passctl.support.exact.rounding_excess`):
     an ill-conditioned output whose float32 rounding alone spreads that far is not broken.
     Outputs of other dtypes or shapes are left to :func:`outputs_problem`."""
     for name, ref in want.items():

@@ -8,8 +8,9 @@ Each run is classified (:class:`Outcome`):
   the shapes and dtypes the artifact declares, NaN/inf at the same positions, and the finite values
   within ``max(1e-5 * max |reference|, 2.4e-7)`` for float32 families (or, where not, within
   1e-5 relative of the float64 evaluation of the original beyond the original's own fp32 error:
-  an ill-conditioned output whose fp32 rounding alone exceeds the bound, ``_compare_fp32``), or within the pass's budget
-  under its metric (``mean-rel`` by default) for precision families (amp, quantize), measured on the
+  an ill-conditioned output whose fp32 rounding alone exceeds the bound, ``_compare_fp32``), or
+  within the pass's budget under its metric (``mean-rel`` by default) for precision families
+  (amp, quantize), measured on the
   pass's own calibration feeds (``make_inputs`` seeds 0 and 1, where the budget is promised);
 - ``REFUSED``: exit 2, a one-line user-facing refusal;
 - ``INTERNAL``: exit 3 (internal error, failed load check), any other exit code, or an exception;
