@@ -85,8 +85,11 @@ def test_attention_nan_and_masked_row_regressions(seed, tmp_path):
 # each must have now: flash-attn:6883 is right (an ill-conditioned LayerNorm after fully masked
 # attention: judged against the original's float64 evaluation, tests/tools/test_float64_judge.py);
 # cleanup:7016 is ONNX Runtime's optimizer breaking the original's values at ORT_ENABLE_ALL,
-# refused naming the level that runs right (tests/tools/test_ort_optimizer_bugs.py).
-HOUR_RUN_REGRESSIONS = (("flash-attn", 6883, "OK"), ("cleanup", 7016, "REFUSED"))
+# refused naming the level that runs right (tests/tools/test_ort_optimizer_bugs.py); fuse:8655
+# (INTERNAL of the second run) is ONNX Runtime's LayerNorm fusion breaking passctl's valid graph
+# with a SimplifiedLayerNormalization, refused likewise.
+HOUR_RUN_REGRESSIONS = (("flash-attn", 6883, "OK"), ("cleanup", 7016, "REFUSED"),
+                        ("fuse", 8655, "REFUSED"))
 
 
 @pytest.mark.parametrize("name,seed,kind", HOUR_RUN_REGRESSIONS)
@@ -98,8 +101,7 @@ def test_hour_run_regressions(name, seed, kind, tmp_path):
     if name == "flash-attn":
         assert outcome.attention_ops >= 1, outcome.line()
     if kind == REFUSED:
-        assert "ONNX Runtime's graph optimizer breaks this model itself" in outcome.reason, \
-            outcome.line()
+        assert "ONNX Runtime's graph optimizer" in outcome.reason, outcome.line()
 
 
 def test_fp32_comparison_uses_the_float64_answer_only_to_excuse_rounding():

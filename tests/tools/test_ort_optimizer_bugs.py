@@ -346,3 +346,33 @@ def test_values_problem_tells_rounding_of_an_ill_conditioned_output_from_breakag
     rel = float(np.abs(bad["y"] - want["y"]).max() / np.abs(want["y"]).max())
     assert why is not None and f"output 'y' is off its unoptimized run by max-rel {rel:.3g}" in why
     assert "float64 evaluation agrees" in why, why
+
+
+def test_compiled_graph_with_a_runtime_only_op_broken_by_ort_is_refused(capsys, tmp_path):
+    """fuse-8655: passctl's graph (SimplifiedLayerNormalization, an ONNX Runtime op without an
+    ONNX schema) is right unoptimized; ONNX Runtime's own LayerNorm fusion drops the rank a
+    [1,1,1,1] Pow exponent adds from ORT_ENABLE_BASIC up; the original is right at every level.
+    Once exit 3 (the checker's "No Op registered" counted as an invalid graph); now exit 2 naming
+    the level, which ships an artifact that agrees with the original."""
+    model = _case("fuse-8655")
+    feeds = _feeds(model)
+    want = _run(model, "ORT_DISABLE_ALL", feeds)
+    assert all(_right(_run(model, lv, feeds), want) for lv in LEVELS)  # premise
+    plain = tmp_path / "plain"
+    rc, _, err = _cli(capsys, model, "-p", "cleanup,fuse", "-t", "cpu", "--emit",
+                      "onnxruntime{optimization_level=disable}", "-o", plain, "-q")
+    assert rc == 0, err
+    compiled = str(plain / "model.onnx")
+    assert any(n.op_type == "SimplifiedLayerNormalization" for n in onnx.load(compiled).graph.node)
+    assert _right(_run(compiled, "ORT_DISABLE_ALL", feeds), want)
+    broken = _run(compiled, "ORT_ENABLE_ALL", feeds)
+    assert not _right(broken, want) and broken["mul_36"].shape == (1, 1, 16)  # premise
+    level = _highest_right(compiled, feeds, want)
+    out, repro = tmp_path / "out", tmp_path / "repro"
+    rc, o, err = _cli(capsys, model, "-p", "cleanup,fuse", "-t", "cpu", "-o", out,
+                      "--reproducer-dir", repro)
+    _assert_refusal(rc, o, err, out, repro, level, "breaks the compiled model",
+                    "output 'mul_36' has shape [1, 1, 16]")
+    want, got = _assert_ships_at(capsys, tmp_path, model, level, "-p", "cleanup,fuse", "-t", "cpu")
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-6)
