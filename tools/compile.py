@@ -277,10 +277,11 @@ def run_compile(args, argv: List[str], console, keep_model=None) -> Dict[str, An
                     _raise_if_ort_level_bug(folder, model, reference, path, header, dims, args,
                                             overrides, e)
                     raise
-                if not report["check"]["ok"] and any(
-                        o.get("problem") for o in report["check"].get("outputs", [])):
+                if not report["check"]["ok"]:  # ONNX Runtime's optimizer on the original?
                     _raise_if_ort_level_bug(folder, model, reference, path, header, dims, args,
-                                            overrides)
+                                            overrides, values=not any(
+                                                o.get("problem")
+                                                for o in report["check"].get("outputs", [])))
                 if torch_source is not None and torch_source.inputs:
                     report["check"]["torch"] = torch_eager_check(
                         torch_source, folder, context.check_bounds, args.atol)
@@ -430,11 +431,13 @@ def _raise_if_ort_refuses_original(error: BaseException, reference: str, path: s
 
 
 def _raise_if_ort_level_bug(folder: str, model, reference: str, path: str, header, dims, args,
-                            overrides, error: Optional[BaseException] = None) -> None:
-    """``--check`` found an artifact output of the wrong shape or dtype, or the artifact failed
-    to run: when ONNX Runtime's optimizer at the artifact's level is to blame
-    (:func:`passctl.tools.verify_artifact.explain_level_breakage`, on the verify run's seeded
-    inputs), raise its UserError."""
+                            overrides, error: Optional[BaseException] = None,
+                            values: bool = False) -> None:
+    """``--check`` found an artifact output of the wrong shape or dtype (or, with ``values``,
+    numbers off the bound), or the artifact failed to run: when ONNX Runtime's optimizer at the
+    artifact's level is to blame (:func:`passctl.tools.verify_artifact.explain_level_breakage`,
+    on the verify run's seeded inputs; with ``values``, the original itself off its unoptimized
+    run at that level), raise its UserError."""
     from passctl.support.inputs import load_header
     from passctl.tools.numeric_check import _session_optimization
     from passctl.tools.verify_artifact import explain_with_seeded_inputs
@@ -442,7 +445,7 @@ def _raise_if_ort_level_bug(folder: str, model, reference: str, path: str, heade
     message = explain_with_seeded_inputs(os.path.join(folder, "model.onnx"), model, reference,
                                          path, _session_optimization(folder),
                                          header or load_header(reference), dims, args.seed,
-                                         overrides)
+                                         overrides, values)
     if message is not None:
         raise UserError(message) from error
 

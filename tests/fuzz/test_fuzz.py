@@ -79,3 +79,51 @@ def test_attention_nan_and_masked_row_regressions(seed, tmp_path):
     outcome = run_one(FAMILIES["flash-attn"], seed, str(tmp_path))
     assert outcome.kind == OK, outcome.line()
     assert outcome.attention_ops >= 1, outcome.line()  # a kernel form was taken, not the decomposed one
+
+
+# The WRONG seeds of the 60-minute runs (benchmarks/results/fuzz-2026-12-02*.md), with the outcome
+# each must have now: flash-attn:6883 is right (an ill-conditioned LayerNorm after fully masked
+# attention: judged against the original's float64 evaluation, tests/tools/test_float64_judge.py);
+# cleanup:7016 is ONNX Runtime's optimizer breaking the original's values at ORT_ENABLE_ALL,
+# refused naming the level that runs right (tests/tools/test_ort_optimizer_bugs.py); fuse:8655
+# (INTERNAL of the second run) is ONNX Runtime's LayerNorm fusion breaking passctl's valid graph
+# with a SimplifiedLayerNormalization, refused likewise.
+HOUR_RUN_REGRESSIONS = (("flash-attn", 6883, "OK"), ("cleanup", 7016, "REFUSED"),
+                        ("fuse", 8655, "REFUSED"))
+
+
+@pytest.mark.parametrize("name,seed,kind", HOUR_RUN_REGRESSIONS)
+def test_hour_run_regressions(name, seed, kind, tmp_path):
+    from fuzz_runner import run_one
+
+    outcome = run_one(FAMILIES[name], seed, str(tmp_path))
+    assert outcome.kind == kind, outcome.line()
+    if name == "flash-attn":
+        assert outcome.attention_ops >= 1, outcome.line()
+    if kind == REFUSED:
+        assert "ONNX Runtime's graph optimizer" in outcome.reason, outcome.line()
+
+
+def test_fp32_comparison_uses_the_float64_answer_only_to_excuse_rounding():
+    """The fuzzer's float32 judge on seed 6883's output: ONNX Runtime's fp32 original is 6e-5
+    relative off the exact answer (beta69 broadcast: LayerNorm over equal rows); an artifact on
+    the exact answer passes only with the float64 evaluation; one 1e-3 off it fails with it."""
+    import os
+
+    from fuzz_runner import _compare_fp32
+
+    from passctl.support.check import run_onnxruntime
+
+    case = os.path.join(os.path.dirname(__file__), "..", "cases", "fuzz-flash-attn-6883")
+    model = onnx.load(os.path.join(case, "fuzz_flash_attn_6883.onnx"))
+    beta = next(onnx.numpy_helper.to_array(t) for t in model.graph.initializer
+                if t.name == "beta69")
+    exact = np.broadcast_to(beta.astype(np.float64), (1, 5, 12))
+    ref = run_onnxruntime(os.path.join(case, "fuzz_flash_attn_6883.onnx"),
+                          dict(np.load(os.path.join(case, "inputs.npz"))))["add_70"]
+    right = exact.astype(np.float32)
+    assert "max abs error" in (_compare_fp32(ref, right) or "")
+    assert _compare_fp32(ref, right, lambda: exact) is None
+    wrong = (exact * 1.001).astype(np.float32)
+    why = _compare_fp32(ref, wrong, lambda: exact)
+    assert why is not None and "beyond the original's own fp32 error" in why, why

@@ -10,7 +10,10 @@ Classes (models in tests/cases/fuzz-<family>-<seed>/):
    amp pass's measurement (amp-267);
 2. passctl's valid compiled graph is refused at ORT_ENABLE_ALL although the original loads there
    (reparam-493);
-3. a quantize search trial refused at ORT_ENABLE_ALL (quantize-967).
+3. a quantize search trial refused at ORT_ENABLE_ALL (quantize-967);
+4. the unchanged original returns the right shapes but wrong values at ORT_ENABLE_ALL
+   (cleanup-7016: a LayerNorm spelled with ReduceMean keepdims=0 after a rank-raising skip Add,
+   gamma shared by three norms; 0.23-0.55 relative off), judged against its float64 evaluation.
 The premises are checked on ONNX Runtime itself, so a test fails if ONNX Runtime fixes the bug.
 """
 
@@ -244,3 +247,132 @@ def test_amp_or_quantize_graph_failing_unoptimized_raises_ort_error(tmp_path):
     with pytest.raises(Exception) as info:
         run_model(load(path), [{"x": np.ones((1, 4), np.float32)}], optimize="ORT_ENABLE_ALL")
     assert not isinstance(info.value, OptimizerBreaks)
+
+
+def _max_rel(got, want) -> float:
+    return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
+
+
+def _float64_reference(path: str, feeds):
+    """The model evaluated by onnx.reference with every float32 tensor widened to float64 (done
+    here, independently of passctl.support.exact)."""
+    from onnx.reference import ReferenceEvaluator
+
+    m = onnx.load(path)
+    for t in m.graph.initializer:
+        if t.data_type == TP.FLOAT:
+            t.CopyFrom(nh.from_array(nh.to_array(t).astype(np.float64), t.name))
+    for v in list(m.graph.input) + list(m.graph.output) + list(m.graph.value_info):
+        if v.type.tensor_type.elem_type == TP.FLOAT:
+            v.type.tensor_type.elem_type = TP.DOUBLE
+    names = [o.name for o in m.graph.output]
+    return dict(zip(names, ReferenceEvaluator(m).run(
+        None, {k: v.astype(np.float64) for k, v in feeds.items()})))
+
+
+def test_original_whose_values_ort_breaks_at_enable_all_is_refused(capsys, tmp_path):
+    """cleanup-7016: right shapes, wrong numbers at ORT_ENABLE_ALL on the unchanged original. Once
+    shipped (exit 0, the verify run judged shapes only); now exit 2 naming the level, and the
+    named level ships an artifact that agrees with the float64 evaluation."""
+    model = _case("cleanup-7016")
+    feeds = _feeds(model)
+    want = _run(model, "ORT_DISABLE_ALL", feeds)
+    exact = _float64_reference(model, feeds)
+    broken = _run(model, "ORT_ENABLE_ALL", feeds)
+    assert _right(broken, want)  # premise: shapes fine, only the values break
+    for k in want:  # premise: ORT_DISABLE_ALL is right, ORT_ENABLE_ALL is not (ONNX Runtime's bug)
+        assert _max_rel(want[k], exact[k]) < 1e-6
+    assert max(_max_rel(broken[k], exact[k]) for k in want) > 0.1
+    level = next(lv for lv in LEVELS if all(
+        _max_rel(_run(model, lv, feeds)[k], exact[k]) < 1e-5 for k in want))
+    out, repro = tmp_path / "out", tmp_path / "repro"
+    rc, o, err = _cli(capsys, model, "-p", "cleanup", "-t", "cpu", "-o", out,
+                      "--reproducer-dir", repro)
+    _assert_refusal(rc, o, err, out, repro, level, "breaks this model itself at ORT_ENABLE_ALL",
+                    "is off its unoptimized run by max-rel", "float64 evaluation agrees")
+    original, got = _assert_ships_at(capsys, tmp_path, model, level, "-p", "cleanup", "-t", "cpu")
+    exact = _float64_reference(model, _feeds(model, seed=11))
+    for k in original:
+        assert _max_rel(got[k], exact[k]) < 1e-5, k
+
+
+def test_values_broken_by_ort_with_no_verify_check_give_the_same_refusal(capsys, tmp_path):
+    model = _case("cleanup-7016")
+    out, repro = tmp_path / "out", tmp_path / "repro"
+    rc, o, err = _cli(capsys, model, "-p", "cleanup", "-t", "cpu", "--no-verify", "--check",
+                      "-o", out, "--reproducer-dir", repro)
+    level = next(lv for lv in LEVELS if f"right at {lv}" in err)
+    _assert_refusal(rc, o, err, out, repro, level, "is off its unoptimized run by max-rel")
+
+
+def test_values_off_where_the_original_is_right_at_the_level_are_not_blamed_on_ort(tmp_path):
+    """An artifact whose numbers are off (here: a constant changed by 1%) while the original runs
+    right at ORT_ENABLE_ALL: not ONNX Runtime's (explain_level_breakage gives None; --check
+    judges it)."""
+    from passctl.tools.verify_artifact import explain_level_breakage
+
+    def model(value, name):
+        c = nh.from_array(np.full([1, 8], value, np.float32), "c")
+        g = h.make_graph([h.make_node("Mul", ["x", "c"], ["y"])], "g",
+                         [h.make_tensor_value_info("x", TP.FLOAT, [1, 8])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [1, 8])], [c])
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+        m.ir_version = 8
+        onnx.save(m, str(tmp_path / name))
+        return str(tmp_path / name)
+
+    original, artifact = model(0.5, "original.onnx"), model(0.505, "artifact.onnx")
+    inputs = {"x": np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 8)}
+    want = _run(original, "ORT_DISABLE_ALL", inputs)
+    np.testing.assert_allclose(want["y"], inputs["x"] * 0.5, rtol=1e-7)
+    assert explain_level_breakage(artifact, original, "m.onnx", "ORT_ENABLE_ALL", inputs, want,
+                                  values=True) is None
+
+
+def test_values_problem_tells_rounding_of_an_ill_conditioned_output_from_breakage():
+    """values_problem: 5e-3 relative off the unoptimized run is a breakage, unless the float64
+    answer shows the unoptimized run itself is as far off (then the output is ill-conditioned)."""
+    from passctl.support.ort_levels import LEVEL_RTOL, values_problem
+
+    exact = np.linspace(-1.0, 1.0, 16).reshape(1, 16)
+    noise = np.where(np.arange(16) % 2, 5e-3, -5e-3).reshape(1, 16)
+    want = {"y": (exact + noise).astype(np.float32)}   # the unoptimized run, 5e-3 off exact
+    good = {"y": exact.astype(np.float32)}             # another level: on the exact answer
+    bad = {"y": (exact + 3 * noise).astype(np.float32)}  # 1e-2 off the unoptimized run
+    assert LEVEL_RTOL < 5e-3
+    assert values_problem(good, want) is not None  # without the float64 answer: flagged
+    assert values_problem(good, want, {"y": exact}) is None
+    why = values_problem(bad, want, {"y": exact})
+    rel = float(np.abs(bad["y"] - want["y"]).max() / np.abs(want["y"]).max())
+    assert why is not None and f"output 'y' is off its unoptimized run by max-rel {rel:.3g}" in why
+    assert "float64 evaluation agrees" in why, why
+
+
+def test_compiled_graph_with_a_runtime_only_op_broken_by_ort_is_refused(capsys, tmp_path):
+    """fuse-8655: passctl's graph (SimplifiedLayerNormalization, an ONNX Runtime op without an
+    ONNX schema) is right unoptimized; ONNX Runtime's own LayerNorm fusion drops the rank a
+    [1,1,1,1] Pow exponent adds from ORT_ENABLE_BASIC up; the original is right at every level.
+    Once exit 3 (the checker's "No Op registered" counted as an invalid graph); now exit 2 naming
+    the level, which ships an artifact that agrees with the original."""
+    model = _case("fuse-8655")
+    feeds = _feeds(model)
+    want = _run(model, "ORT_DISABLE_ALL", feeds)
+    assert all(_right(_run(model, lv, feeds), want) for lv in LEVELS)  # premise
+    plain = tmp_path / "plain"
+    rc, _, err = _cli(capsys, model, "-p", "cleanup,fuse", "-t", "cpu", "--emit",
+                      "onnxruntime{optimization_level=disable}", "-o", plain, "-q")
+    assert rc == 0, err
+    compiled = str(plain / "model.onnx")
+    assert any(n.op_type == "SimplifiedLayerNormalization" for n in onnx.load(compiled).graph.node)
+    assert _right(_run(compiled, "ORT_DISABLE_ALL", feeds), want)
+    broken = _run(compiled, "ORT_ENABLE_ALL", feeds)
+    assert not _right(broken, want) and broken["mul_36"].shape == (1, 1, 16)  # premise
+    level = _highest_right(compiled, feeds, want)
+    out, repro = tmp_path / "out", tmp_path / "repro"
+    rc, o, err = _cli(capsys, model, "-p", "cleanup,fuse", "-t", "cpu", "-o", out,
+                      "--reproducer-dir", repro)
+    _assert_refusal(rc, o, err, out, repro, level, "breaks the compiled model",
+                    "output 'mul_36' has shape [1, 1, 16]")
+    want, got = _assert_ships_at(capsys, tmp_path, model, level, "-p", "cleanup,fuse", "-t", "cpu")
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-6)
