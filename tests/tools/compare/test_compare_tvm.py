@@ -219,6 +219,26 @@ def test_an_artifact_without_ir_onnx_compares_its_outputs_only(small, tmp_path):
     assert "5 not exposed" in stdout and "has no ir.onnx" in stdout
 
 
+def test_a_failed_debug_build_leaves_the_outputs_and_says_why(small, tmp_path, monkeypatch):
+    from passctl.targets.tvm import ir_file
+
+    def refuse(self, model, manifest):
+        raise RuntimeError("TVMError: a stand-in for a build TVM refuses")
+
+    monkeypatch.setattr(ir_file.DebugBuild, "__init__", refuse)
+    tmp, _, _ = small
+    rc, stdout, err = _run(["compare", tmp / "small.onnx", tmp / "bad", "-o", tmp_path / "c"])
+    assert rc == 0, err
+    with open(tmp_path / "c" / "compare.json") as f:
+        report = json.load(f)
+    assert [t["status"] for t in report["tensors"]] == ["not-exposed"] * 5 + ["paired"]
+    assert report["tvm"]["debug_build"] == {
+        "built": False,
+        "reason": "the debug build failed (RuntimeError: TVMError: a stand-in for a build TVM "
+                  "refuses)"}
+    assert "no intermediates: the debug build failed" in stdout
+
+
 def test_bad_input_is_one_line(small, tmp_path):
     tmp, _, _ = small
     # inputs of another shape than the artifact was built for
