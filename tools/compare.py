@@ -18,6 +18,9 @@ tensor of the same op and shape may hold other values. The rest are reported as 
 paired with a stranger. An original tensor no candidate node descends from is ``removed`` (folded
 or dead); one whose node lives on inside a fused node but has no partner is ``fused away``.
 
+A TVM artifact folder is compared by :mod:`passctl.tools.compare_tvm` (outputs from its
+``model.so``, intermediates from a debug build of its ``ir.onnx``), with the same pairing.
+
 Errors are :func:`passctl.support.check._diff_one`'s, in float64: max-abs, max-rel (over the
 reference's largest magnitude), mean-rel and cosine.
 """

@@ -197,7 +197,7 @@ class DebugBuild:
 
         self.device = tvm.runtime.cpu(0)
         self.vm = VirtualMachine(executable, self.device)
-        self.params = [tvm.runtime.tensor(p.numpy(), self.device) for p in params]
+        self.params = list(params)  # host tensors already (detach_params), no copy
         if transform:
             self.params = list(self.vm[transform](self.params))
         self.inputs = [(v.name, np.dtype(v.dtype.numpy())) for v in model.graph.inputs]
