@@ -18,6 +18,9 @@ tensor of the same op and shape may hold other values. The rest are reported as 
 paired with a stranger. An original tensor no candidate node descends from is ``removed`` (folded
 or dead); one whose node lives on inside a fused node but has no partner is ``fused away``.
 
+A TVM artifact folder is compared by :mod:`passctl.tools.compare_tvm` (outputs from its
+``model.so``, intermediates from a debug build of its ``ir.onnx``), with the same pairing.
+
 Errors are :func:`passctl.support.check._diff_one`'s, in float64: max-abs, max-rel (over the
 reference's largest magnitude), mean-rel and cosine.
 """
@@ -103,8 +106,11 @@ def _dtype_class_equal(a: np.ndarray, b: np.ndarray) -> bool:
 class Pair:
     """One original tensor and its fate: ``status`` is ``paired`` (``candidate`` names its
     partner, ``diff`` the errors), ``fused-away`` (its node lives on in ``fused_into``, the
-    candidate node names, but no tensor of it is this one) or ``removed`` (no candidate node
-    descends from its node)."""
+    candidate node names, but no tensor of it is this one), ``removed`` (no candidate node
+    descends from its node) or, for a TVM artifact compared without a debug build,
+    ``not-exposed`` (the compiled module returns its outputs only). ``source`` says where a TVM
+    candidate's tensor came from (``shipped``: the artifact's model.so; ``debug-build``: a debug
+    build of its IR, :mod:`passctl.tools.compare_tvm`); empty for ONNX Runtime candidates."""
 
     original: str
     node: str
@@ -120,6 +126,7 @@ class Pair:
     dtype: str = ""
     candidate_dtype: str = ""
     diff: Any = None
+    source: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
         d = {"original": self.original, "node": self.node, "op_type": self.op_type,
@@ -129,6 +136,8 @@ class Pair:
             d.update(candidate=self.candidate, candidate_node=self.candidate_node,
                      candidate_op=self.candidate_op, candidate_dtype=self.candidate_dtype,
                      provenance=list(self.provenance), **_metrics(self.diff))
+            if self.source:
+                d["source"] = self.source
         elif self.fused_into:
             d["fused_into"] = list(self.fused_into)
         return d
@@ -251,17 +260,22 @@ def pair_tensors(original_proto, candidate, ref: Dict[str, np.ndarray],
 
 
 def _accept(pair: Pair, v, got: Dict[str, np.ndarray], a: np.ndarray, used: set) -> None:
+    node = v.producer
+    _accept_arrays(pair, v.name, node.name, node.op_type, tuple(node.provenance), a, got[v.name])
+    used.add(v.name)
+
+
+def _accept_arrays(pair: Pair, name: str, node: str, op: str, provenance: Tuple[str, ...],
+                   a: np.ndarray, b: np.ndarray) -> None:
+    """Mark ``pair`` paired with candidate tensor ``name`` (of ``node``, ``op``) holding ``b``."""
     from passctl.support.check import _diff_one
 
-    b = got[v.name]
-    node = v.producer
     pair.status = "paired"
-    pair.candidate, pair.candidate_node, pair.candidate_op = v.name, node.name, node.op_type
-    pair.provenance = tuple(node.provenance)
+    pair.candidate, pair.candidate_node, pair.candidate_op = name, node, op
+    pair.provenance = provenance
     pair.candidate_dtype = str(b.dtype)
     pair.fused_into = ()
     pair.diff = _diff_one(pair.original, a.astype(np.float64), b.astype(np.float64))
-    used.add(v.name)
 
 
 # -- the candidate ----------------------------------------------------------------------------------
@@ -319,10 +333,9 @@ def load_candidate(original: str, candidate: Optional[str], pipeline: Optional[s
     if os.path.isdir(candidate):
         from passctl.targets.tvm.runtime import is_tvm_artifact
 
-        if is_tvm_artifact(candidate):
-            raise UserError(f"'{candidate}' is a TVM artifact: its compiled module exposes no "
-                            "intermediate tensors; compare the IR before lower-tvm instead (a "
-                            "--dump-ir step, or --pipeline without the tvm lowering)")
+        if is_tvm_artifact(candidate):  # main() routes these to compare_tvm
+            raise UserError(f"'{candidate}' is a TVM artifact: compare it with "
+                            "passctl.tools.compare_tvm.compare_tvm (passctl compare does)")
         path = os.path.join(candidate, "model.onnx")
         if not os.path.isfile(path):
             path = last_dump_step(candidate)
@@ -347,6 +360,7 @@ class CompareReport:
     first_bad: Optional[Pair] = None
     jump: Optional[Pair] = None
     outputs: Dict[str, Any] = field(default_factory=dict)
+    tvm: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def paired(self) -> List[Pair]:
@@ -356,6 +370,9 @@ class CompareReport:
         out = {"float_tensors": len(self.pairs)}
         for s in ("paired", "fused-away", "removed"):
             out[s] = sum(p.status == s for p in self.pairs)
+        hidden = sum(p.status == "not-exposed" for p in self.pairs)
+        if hidden:
+            out["not-exposed"] = hidden
         return out
 
     def to_dict(self) -> Dict[str, Any]:
@@ -363,7 +380,8 @@ class CompareReport:
                 "bound": self.bound, "counts": self.counts(),
                 "first_over_bound": self.first_bad.original if self.first_bad else None,
                 "first_jump": self.jump.original if self.jump else None,
-                "tensors": [p.to_dict() for p in self.pairs]}
+                "tensors": [p.to_dict() for p in self.pairs],
+                **({"tvm": self.tvm} if self.tvm else {})}
 
 
 def compare(original: str, candidate_model, inputs: Optional[Dict[str, np.ndarray]] = None,
@@ -398,6 +416,14 @@ def compare(original: str, candidate_model, inputs: Optional[Dict[str, np.ndarra
     except Exception:  # noqa: BLE001 - the IR text is a convenience of the page
         text = ""
     report = CompareReport(pairs, metric, bound, original, label, text)
+    judge(report)
+    return report
+
+
+def judge(report: CompareReport) -> None:
+    """Set ``report.first_bad`` and ``report.jump`` (see :class:`CompareReport`; a pair is wrong
+    when ``diff.error(metric) > bound`` and ``max_abs`` > 2.4e-7, or on a non-finite mismatch)."""
+    metric, bound = report.metric, report.bound
     worst = 0.0
     for p in report.paired:
         err = p.diff.error(metric)
@@ -409,7 +435,6 @@ def compare(original: str, candidate_model, inputs: Optional[Dict[str, np.ndarra
             report.jump = p
         if math.isfinite(err):
             worst = max(worst, err)
-    return report
 
 
 def _fmt(x: float) -> str:
@@ -421,9 +446,14 @@ def print_table(report: CompareReport, console, rows: int = 12) -> None:
     from rich.table import Table
 
     c = report.counts()
+    hidden = f", {c['not-exposed']} not exposed" if c.get("not-exposed") else ""
     console.print(f"{c['float_tensors']} float tensors of the original: {c['paired']} paired, "
-                  f"{c['fused-away']} fused away, {c['removed']} removed", markup=False,
+                  f"{c['fused-away']} fused away, {c['removed']} removed{hidden}", markup=False,
                   highlight=False)
+    if report.tvm:
+        from passctl.tools.compare_tvm import describe
+
+        console.print(describe(report), markup=False, highlight=False)
     if report.jump is not None:
         j = report.jump
         console.print(f"first tensor where the error jumps: '{j.original}' (node '{j.node}', "
@@ -434,11 +464,13 @@ def print_table(report: CompareReport, console, rows: int = 12) -> None:
         console.print(f"no paired tensor exceeds {report.metric} {report.bound:g}", markup=False,
                       highlight=False)
     table = Table(title="worst paired tensors")
-    for col in ("#", "original tensor", "candidate", "max-abs", "max-rel", "mean-rel", "cosine"):
+    cols = ["#", "original tensor", "candidate", "max-abs", "max-rel", "mean-rel", "cosine"]
+    for col in cols + (["from"] if report.tvm else []):
         table.add_column(col)
     for p in _worst(report, rows):
         table.add_row(str(p.index), p.original, p.candidate, _fmt(p.diff.max_abs),
-                      _fmt(p.diff.max_rel), _fmt(p.diff.mean_rel), _fmt(p.diff.cosine))
+                      _fmt(p.diff.max_rel), _fmt(p.diff.mean_rel), _fmt(p.diff.cosine),
+                      *([p.source] if report.tvm else []))
     console.print(table)
 
 
@@ -542,7 +574,13 @@ def write_html(report: CompareReport, path: str, rows: int = 30) -> None:
             f"<td><a href=\"#{_anchor(p.candidate)}\">"
             f"{html.escape(p.candidate or '')}</a></td><td>{html.escape(p.candidate_op or '')}</td>"
             f"<td>{_fmt(p.diff.max_abs)}</td><td>{_fmt(p.diff.max_rel)}</td>"
-            f"<td>{_fmt(p.diff.mean_rel)}</td><td>{_fmt(p.diff.cosine)}</td></tr>")
+            f"<td>{_fmt(p.diff.mean_rel)}</td><td>{_fmt(p.diff.cosine)}</td>"
+            f"<td>{html.escape(p.source)}</td></tr>")
+    tvm_line = ""
+    if report.tvm:
+        from passctl.tools.compare_tvm import describe
+
+        tvm_line = f'<p id="tvm">{html.escape(describe(report))}</p>\n'
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>passctl compare</title>
 <style>body{{font-family:sans-serif;margin:1em}} table{{border-collapse:collapse}}
@@ -551,13 +589,13 @@ pre span:target{{background:#ff0}}</style></head><body>
 <h1>passctl compare</h1>
 <p id="counts">{html.escape(report.original)} vs {html.escape(report.candidate)}:
 {c['float_tensors']} float tensors, {c['paired']} paired, {c['fused-away']} fused away,
-{c['removed']} removed</p>
-{head}
+{c['removed']} removed{f", {c['not-exposed']} not exposed" if c.get("not-exposed") else ""}</p>
+{tvm_line}{head}
 <h2>error against depth</h2>
 {_svg_plot(report)}
 <h2>worst tensors</h2>
 <table id="worst"><thead><tr><th>#</th><th>original tensor</th><th>candidate</th><th>op</th>
-<th>max-abs</th><th>max-rel</th><th>mean-rel</th><th>cosine</th></tr></thead><tbody>
+<th>max-abs</th><th>max-rel</th><th>mean-rel</th><th>cosine</th><th>from</th></tr></thead><tbody>
 {''.join(rows_html)}
 </tbody></table>
 <h2>candidate IR</h2>
@@ -605,13 +643,27 @@ def main(args, console) -> int:
     check_output_folder(args.output)
     if not os.path.isfile(args.original):
         raise UserError(f"'{args.original}' is not a file; give the original .onnx")
-    model, label = load_candidate(args.original, args.candidate, args.pipeline, args.target,
-                                  args.load)
     from passctl.support.dims import parse_dim_args
     from passctl.support.input_files import load_input_file
+    from passctl.targets.tvm.runtime import is_tvm_artifact
 
-    report = compare(args.original, model, load_input_file(args.inputs) or None, metric, bound,
-                     args.seed, parse_dim_args(args.dim), label)
+    if args.candidate is not None and os.path.isdir(args.candidate) and \
+            is_tvm_artifact(args.candidate):
+        if args.pipeline is not None:
+            raise UserError("give the candidate: a model file, an artifact or --dump-ir folder, "
+                            "or --pipeline P (one of them)")
+        from passctl.passes.registry import load_plugin_file
+        from passctl.tools.compare_tvm import compare_tvm
+
+        for path in args.load:
+            load_plugin_file(path)
+        report = compare_tvm(args.original, args.candidate, load_input_file(args.inputs) or None,
+                             metric, bound, args.seed, parse_dim_args(args.dim))
+    else:
+        model, label = load_candidate(args.original, args.candidate, args.pipeline, args.target,
+                                      args.load)
+        report = compare(args.original, model, load_input_file(args.inputs) or None, metric,
+                         bound, args.seed, parse_dim_args(args.dim), label)
     os.makedirs(args.output, exist_ok=True)
     _write_atomic(os.path.join(args.output, "compare.json"),
                   json.dumps(report.to_dict(), indent=1))

@@ -10,7 +10,9 @@ def add_compare_parser(sub) -> None:
                        "candidate through provenance and report per-tensor errors")
     p.add_argument("original", help="the original .onnx")
     p.add_argument("candidate", nargs="?", default=None,
-                   help="a model file, an artifact folder or a --dump-ir folder (or --pipeline)")
+                   help="a model file, an artifact folder (a TVM artifact: outputs from its model.so, "
+                   "intermediates from a debug build of its ir.onnx) or a --dump-ir folder (or "
+                   "--pipeline)")
     p.add_argument("--pipeline", "-p", default=None, help="compile the original with this "
                    "pipeline and compare the result")
     p.add_argument("--target", "-t", default="cpu")

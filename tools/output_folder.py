@@ -82,7 +82,7 @@ def check_output_path(out: str, model_path: str) -> None:
 #: The files each emitter writes (model.engine: built later by build_engine.sh; the data file:
 #: written when the weights are large), and those it may add after its report listed the others.
 _EMITTER_FILES = {"onnxruntime": {"model.onnx", "model.onnx.data", "session.json"},
-                  "tvm": {"manifest.json", "model.so", "model.params"},
+                  "tvm": {"manifest.json", "model.so", "model.params", "ir.onnx"},
                   "tensorrt": {"model.onnx", "model.onnx.data", "manifest.json", "precision.json",
                                "build_engine.sh", "model.engine"}}
 _WRITTEN_LATER = {"model.onnx.data", "model.engine"}

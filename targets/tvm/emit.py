@@ -80,7 +80,9 @@ class TvmEmitter(Emitter):
     """The ``tvm`` emitter: the IR through TVM's Relax to a compiled shared library.
 
     Writes ``model.so`` (``Executable.export_library``), ``model.params`` (the weights,
-    ``tvm.runtime.save_param_dict_to_file``) and ``manifest.json`` (see
+    ``tvm.runtime.save_param_dict_to_file``), ``ir.onnx`` (the IR it translated, its weights
+    pointing into ``model.params``: :mod:`passctl.targets.tvm.ir_file`; ``passctl compare``
+    builds its debug module from it) and ``manifest.json`` (see
     :class:`passctl.targets.tvm.runtime.TvmArtifact`). For ``cpu`` it then loads the artifact with
     ``tvm.runtime`` only, runs it on seeded inputs and compares with ONNX Runtime on the same IR;
     GPU artifacts are cross-compiled (``nvcc`` needed) and only written.
@@ -245,6 +247,9 @@ class TvmEmitter(Emitter):
         names = [f"p{i}" for i in range(len(params))]  # the weights as translated (pre-transform)
         tvm.runtime.save_param_dict_to_file(dict(zip(names, params)),
                                             os.path.join(folder, PARAMS_FILE))
+        from passctl.targets.tvm.ir_file import write_ir
+
+        ir = write_ir(model, folder)  # what passctl compare builds its debug module from
         t3 = time.perf_counter()
         manifest = {
             "schema": MANIFEST_SCHEMA,
@@ -261,6 +266,7 @@ class TvmEmitter(Emitter):
             "transform_params": transform,
             "tensor_cores": bool(target.is_gpu and (self.tensorize or library is not None)),
             "kernels": ("triton" if library is not None else "tvm") if target.is_gpu else "tvm",
+            "ir": ir,
         }
         if target.is_gpu:
             manifest["cuda_graph"] = bool(self.cuda_graph)

@@ -101,6 +101,14 @@ def _converter_table(kernels=None) -> Dict[str, Callable]:
     return table
 
 
+def mapped_outputs(node: Node) -> int:
+    """How many outputs of ``node`` the translation maps: all of an ONNX node's, the first of a
+    passctl-domain node's (two of SkipRMSNorm's)."""
+    if node.domain == PASSCTL_DOMAIN:
+        return _MAPPED_OUTPUTS.get(node.op_type, 1)
+    return len(node.outputs)
+
+
 def supported_passctl_ops() -> List[str]:
     """The passctl-domain op types the translation maps to Relax ops."""
     return sorted(_converter_table())
@@ -286,5 +294,5 @@ def to_relax(model: Model, source: str = "model", kernels=None):
     return mod, list(params.get("main", []))
 
 
-__all__ = ["check_static_inputs", "check_supported", "supported_passctl_ops", "to_relax",
+__all__ = ["check_static_inputs", "check_supported", "mapped_outputs", "supported_passctl_ops", "to_relax",
            "unsupported_nodes"]

@@ -45,7 +45,7 @@ def test_bound_call_matches_run(tmp_path):
 def test_artifact_files_manifest_and_outputs(tmp_path):
     proto = _conv_model()
     info = emit_tvm(ir(proto), tmp_path / "a")
-    assert sorted(info["files"]) == ["manifest.json", "model.params", "model.so"]
+    assert sorted(info["files"]) == ["ir.onnx", "manifest.json", "model.params", "model.so"]
     manifest = read_manifest(str(tmp_path / "a"))
     assert manifest["inputs"] == [{"name": "x", "shape": [1, 3, 16, 16], "dtype": "float32"}]
     assert manifest["outputs"] == [{"name": "y", "shape": [1, 8, 1, 1], "dtype": "float32"}]

@@ -53,7 +53,7 @@ def test_tvm_artifact_matches_onnxruntime_artifact(model_id, tmp_path):
     text = "cleanup,fuse" + (f',lower-tvm{{dims="{_dims_text(dims)}"}}' if dims else ",lower-tvm")
     PassManager(build_pipeline(text, "cpu", "tvm")).run(tvm_model)
     info = TvmEmitter(self_check=False).emit(tvm_model, get_target("cpu"), str(tmp_path / "tvm"))
-    assert info["files"] == ["manifest.json", "model.params", "model.so"]
+    assert info["files"] == ["ir.onnx", "manifest.json", "model.params", "model.so"]
 
     feeds = make_inputs(to_onnx(tvm_model), seed=1)  # static shapes: the dims are built in
     sess = create_session(str(tmp_path / "ort"))
