@@ -193,14 +193,15 @@ def _dq_matmul(b: Builder, a: Value, q: np.ndarray, scales: np.ndarray, bits: in
     n = q.shape[1]
     w = const(q, f"{base}_q{bits}")
     s = const(np.ascontiguousarray(scales, t1.numpy()), f"{base}_scales")
-    wd = b.op("DequantizeLinear", w, s, output_names=(f"{base}_dq",), **attrs)
+    wd = b.op("DequantizeLinear", w, s, name=f"{base}_dequantize", output_names=(f"{base}_dq",),
+              **attrs)
     wd.type = TensorType(t1, Shape(tuple(int(d) for d in q.shape)))
     last = output_names if bias is None else ()
-    y = b.op("MatMul", a, wd, output_names=last or (f"{base}_out",))
+    y = b.op("MatMul", a, wd, name=f"{base}_matmul", output_names=last or (f"{base}_out",))
     if bias is not None:
         y.type = TensorType(t1, None if a.shape is None
                             else Shape(tuple(a.shape)[:-1] + (int(n),)))
-        y = b.op("Add", y, bias, output_names=output_names or (f"{base}_biased",))
+        y = b.op("Add", y, bias, name=f"{base}_bias", output_names=output_names or (f"{base}_biased",))
     if a.shape is not None:
         y.type = TensorType(t1, Shape(tuple(a.shape)[:-1] + (int(n),)))
     return y
