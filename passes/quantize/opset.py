@@ -33,7 +33,10 @@ def raise_opset(model: Model, opset: int, owner: str = "quantize-int8",
     import onnx.version_converter
 
     try:
-        converted = onnx.version_converter.convert_version(to_onnx(model), opset)
+        # weights memory-mapped from the model's folder stay external references: the converter
+        # reads the graph only, and a 7B model's weights are neither copied nor embedded
+        converted = onnx.version_converter.convert_version(to_onnx(model, keep_external=True),
+                                                           opset)
     except Exception as e:  # the converter raises RuntimeError / ConvertError / ValidationError
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise UserError(f"{owner}: {what} needs opset >= {opset} but the model has "

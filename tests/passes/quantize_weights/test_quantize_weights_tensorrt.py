@@ -296,3 +296,34 @@ def test_cli_writes_a_tensorrt_artifact_with_int4_weights(tmp_path, capsys):
     report = json.load(open(tmp_path / "o" / "report.json"))
     text = json.dumps(report)
     assert "DequantizeLinear+MatMul" in text
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_external_weights_are_spilled_and_saved_packed(bits, tmp_path):
+    """Weights in external data: the codes go to the spill file (INT4 packed two per byte, as
+    ONNX stores it), and the saved model's initializers, read by onnx, run in ONNX Runtime to
+    numpy's dequantize-then-matmul."""
+    from passctl.ir import load, save
+
+    proto, (w1, b1, w2) = _mlp(k=256, n=128)
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(proto, str(src / "m.onnx"), save_as_external_data=True, location="m.onnx.data",
+              size_threshold=0)
+    model = load(str(src / "m.onnx"))
+    p = QuantizeWeights(bits=bits, block=64 if bits == 4 else None)
+    p.configure(CompileContext(target=get_target("a10"), emitter="tensorrt"))
+    assert p.run(model).stats["quantized_layers"] == 2
+    codes = [v.const for v in model.graph.initializers.values() if v.name.endswith(f"_q{bits}")]
+    assert len(codes) == 2 and all(c.external is not None for c in codes)
+    assert sorted(c.external.length for c in codes) == sorted(
+        [128 * 24 * bits // 8, 256 * 128 * bits // 8])
+    save(model, str(tmp_path / "q.onnx"), external_data=True, size_threshold=0)
+    out = onnx.load(str(tmp_path / "q.onnx"))
+    onnx.checker.check_model(str(tmp_path / "q.onnx"), full_check=True)
+    w = {name[:3]: v[4] for name, v in _dq_weights(out).items()}
+    assert _rel(w["mm1"], w1.astype(np.float64)) < (0.13 if bits == 4 else 0.01)
+    x = np.random.default_rng(4).standard_normal((2, 5, 256)).astype(np.float32)
+    ref = np.maximum(x.astype(np.float64) @ w["mm1"] + b1, 0) @ w["mm2"]
+    got = cpu_session(str(tmp_path / "q.onnx")).run(None, {"x": x})[0]
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
