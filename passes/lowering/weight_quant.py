@@ -201,7 +201,8 @@ def _dq_matmul(b: Builder, a: Value, q: np.ndarray, scales: np.ndarray, bits: in
     if bias is not None:
         y.type = TensorType(t1, None if a.shape is None
                             else Shape(tuple(a.shape)[:-1] + (int(n),)))
-        y = b.op("Add", y, bias, name=f"{base}_bias", output_names=output_names or (f"{base}_biased",))
+        y = b.op("Add", y, bias, name=f"{base}_bias",
+                 output_names=output_names or (f"{base}_biased",))
     if a.shape is not None:
         y.type = TensorType(t1, Shape(tuple(a.shape)[:-1] + (int(n),)))
     return y
