@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from passctl.ir._tensor import ExternalLocation, Tensor
+from passctl.ir._tensor import ExternalLocation, Tensor, pack_subbyte
 from passctl.ir._types import DataType
 
 ALIGN = 4096  # page-aligned offsets: each tensor maps from a page boundary
@@ -43,7 +43,9 @@ def _spill_path() -> str:
 
 def spill(array: np.ndarray, name: str = "", dtype: Optional[DataType] = None) -> Tensor:
     """Write ``array`` (any numeric dtype, little endian, C order) to the spill file; return a
-    Tensor of the same dtype and shape backed by it.
+    Tensor of the same dtype and shape backed by it. Sub-byte types (int4, uint4, ...: ml_dtypes
+    holds one element per byte) are written packed, as ONNX external data stores them
+    (:func:`passctl.ir._tensor.pack_subbyte`), so ``save`` can copy the bytes as they are.
 
     Args:
         array: the data; copied to the file, not kept.
@@ -57,6 +59,9 @@ def spill(array: np.ndarray, name: str = "", dtype: Optional[DataType] = None) -
     if arr.dtype.kind in "iufc" and arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     dtype = DataType.from_numpy(arr.dtype) if dtype is None else DataType(dtype)
+    shape = tuple(arr.shape)
+    if dtype.is_packed:
+        arr = pack_subbyte(arr, dtype)
     with _LOCK:
         path = _spill_path()
         with open(path, "ab") as f:
@@ -67,7 +72,7 @@ def spill(array: np.ndarray, name: str = "", dtype: Optional[DataType] = None) -
             offset = start + pad
             f.write(arr.reshape(-1).view(np.uint8).data)
     ext = ExternalLocation(path, os.path.basename(path), offset, arr.nbytes)
-    return Tensor(ext, dtype=dtype, dims=tuple(arr.shape), name=name)
+    return Tensor(ext, dtype=dtype, dims=shape, name=name)
 
 
 def spill_bytes() -> int:

@@ -22,16 +22,52 @@ logger = logging.getLogger(__name__)
 EXTERNAL_DEFAULT_BYTES = int(1.8e9)
 
 
-def to_onnx(model: Model) -> onnx.ModelProto:
+def to_onnx(model: Model, keep_external: bool = False) -> onnx.ModelProto:
     """Convert ``model`` into an ``onnx.ModelProto`` with every weight embedded as ``raw_data``.
 
     External (memory-mapped) weights are read into the proto. Tensors that came from typed
     TensorProto fields are copied back unchanged.
 
+    Args:
+        keep_external: instead, write each tensor memory-mapped from a file in the model's folder
+            (``model.base_dir``: the source model's external data) as the external reference it
+            was read from (location, offset, length, checksum), reading none of its bytes: a
+            proto for tools that need the graph but not the weights (onnx's version converter),
+            which ``from_onnx(proto, model.base_dir)`` maps again. Other tensors (in memory,
+            spilled) are embedded.
+
     Raises:
         OSError: an external-data file of the model cannot be read.
     """
-    return ProtoBuilder().model(model)
+    if not keep_external or not model.base_dir:
+        return ProtoBuilder().model(model)
+    base = os.path.realpath(model.base_dir)
+    plan: Dict[int, Tuple[int, int]] = {}
+    where: Dict[int, str] = {}
+    for t in _all_tensors(model):
+        ext = t.external
+        if ext is None or t.source_proto is not None or id(t) in plan:
+            continue
+        if os.path.realpath(os.path.join(base, ext.location)) != os.path.realpath(ext.path):
+            continue  # not a file of the model's folder (a spilled tensor): embedded
+        plan[id(t)] = (ext.offset, ext.length if ext.length is not None else t.nbytes)
+        where[id(t)] = ext.location
+    marker = "\0passctl-location\0"
+    proto = ProtoBuilder(external=plan, location=marker).model(model)
+    locations = {t.name: where[id(t)] for t in _all_tensors(model) if id(t) in where}
+    for tp in _tensor_protos(proto.graph):
+        for entry in tp.external_data:
+            if entry.key == "location" and entry.value == marker:
+                entry.value = locations[tp.name]
+    return proto
+
+
+def _tensor_protos(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _tensor_protos(g)
 
 
 def save(model: Model, path: Union[str, os.PathLike], external_data: Optional[bool] = None, size_threshold: int = 1024,

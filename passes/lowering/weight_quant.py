@@ -1,5 +1,7 @@
-"""ONNX Runtime forms of quantized MatMuls: ``com.microsoft.MatMulNBits`` (weight-only int4/int8)
-and ``com.microsoft.DynamicQuantizeMatMul`` / ``MatMulInteger`` (dynamic int8 activations).
+"""Forms of quantized MatMuls: ONNX Runtime's ``com.microsoft.MatMulNBits`` (weight-only int4/int8),
+``com.microsoft.DynamicQuantizeMatMul`` / ``MatMulInteger`` (dynamic int8 activations), and the
+standard-ONNX weight-only form TensorRT's ONNX parser takes, ``DequantizeLinear -> MatMul``
+(:func:`dq_matmul_per_channel`, :func:`dq_matmul_blocked`; sources in their docstrings).
 
 These are lowering functions called by the quantization passes (``quantize-weights``,
 ``quantize-dynamic``) for the onnxruntime emitter; they take the codes the pass computed and
@@ -36,6 +38,10 @@ from passctl.dialect.canonical import MS_DOMAIN, ensure_opset
 from passctl.ir import Builder, DataType, Model, Shape, TensorType, Value
 
 NBITS_MIN_BLOCK = 16
+DQ_PER_AXIS_OPSET = 13
+"""DequantizeLinear's ``axis`` (per-channel scales) exists from opset 13."""
+DQ_BLOCKED_OPSET = 21
+"""DequantizeLinear's ``block_size`` and the INT4 / UINT4 types exist from opset 21."""
 
 
 def pack_nbits(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -161,5 +167,135 @@ def matmul_integer(b: Builder, model: Model, a: Value, codes: np.ndarray, scales
     return y
 
 
-__all__ = ["NBITS_MIN_BLOCK", "dynamic_quantize_matmul", "matmul_integer", "matmul_nbits",
-           "pack_nbits", "pack_zero_points"]
+def signed_codes(codes: np.ndarray, k: int, bits: int) -> np.ndarray:
+    """int8 ``[K, N]`` signed codes ``code - 2^(bits-1)`` from codes ``[N, k_blocks, block]``
+    (uint8 in ``[0, 2^bits)`` on the symmetric grid, zero point ``2^(bits-1)``, K padded to whole
+    blocks): the padding dropped, K first (MatMul's B layout)."""
+    n = codes.shape[0]
+    flat = np.asarray(codes).reshape(n, -1)[:, :k]
+    return np.ascontiguousarray((flat.astype(np.int16) - (1 << (bits - 1))).astype(np.int8).T)
+
+
+def _dq_matmul(b: Builder, a: Value, q: np.ndarray, scales: np.ndarray, bits: int, attrs,
+               bias: Optional[Value], base: str, output_names, spill: bool) -> Value:
+    """``MatMul(a, DequantizeLinear(q, scales, **attrs)) (+ bias)`` with types set (the
+    DequantizeLinear's output takes the scales' type, ``a``'s)."""
+    graph = b.graph
+    t1 = DataType.FLOAT16 if a.dtype == DataType.FLOAT16 else DataType.FLOAT
+
+    def const(arr, name):
+        if spill:
+            from passctl.ir import spill as spill_array
+
+            return graph.add_constant(spill_array(arr), name)
+        return graph.add_constant(arr, name)
+
+    n = q.shape[1]
+    w = const(q, f"{base}_q{bits}")
+    s = const(np.ascontiguousarray(scales, t1.numpy()), f"{base}_scales")
+    wd = b.op("DequantizeLinear", w, s, name=f"{base}_dequantize", output_names=(f"{base}_dq",),
+              **attrs)
+    wd.type = TensorType(t1, Shape(tuple(int(d) for d in q.shape)))
+    last = output_names if bias is None else ()
+    y = b.op("MatMul", a, wd, name=f"{base}_matmul", output_names=last or (f"{base}_out",))
+    if bias is not None:
+        y.type = TensorType(t1, None if a.shape is None
+                            else Shape(tuple(a.shape)[:-1] + (int(n),)))
+        y = b.op("Add", y, bias, name=f"{base}_bias",
+                 output_names=output_names or (f"{base}_biased",))
+    if a.shape is not None:
+        y.type = TensorType(t1, Shape(tuple(a.shape)[:-1] + (int(n),)))
+    return y
+
+
+def dq_matmul_per_channel(b: Builder, model: Model, a: Value, codes: np.ndarray,
+                          scales: np.ndarray, k: int, bias: Optional[Value] = None,
+                          base: str = "w", output_names=(), spill: bool = False) -> Value:
+    """Build ``MatMul(A, DequantizeLinear(B int8 [K, N], scale [N], axis=1)) (+ bias)``: int8
+    weights with one scale per output column, the form TensorRT's ONNX parser reads as a
+    weight-only int8 GEMM.
+
+    Sources: ONNX ``DequantizeLinear`` (opset 13+: ``y = (x - x_zero_point) * x_scale``, a 1-D
+    scale along ``axis``; ``y`` takes the scale's type); TensorRT's Dequantize operator
+    (docs.nvidia.com/deeplearning/tensorrt/operators/docs/Dequantize.html: input int8 / fp8 /
+    int4, the scale a build-time constant, "a 1-D tensor for per-channel quantization", a zero
+    point "must only contain zero-valued coefficients", so none is written); onnx-tensorrt's
+    ``QuantDequantLinearHelper`` (onnxOpImporters.cpp) also requires every scale > 0 ("Scale
+    coefficients must all be positive") and a 1-D scale of ``dims[axis]`` entries.
+
+    Args:
+        a: the activation ``[..., K]``, float32 or float16 (the scales and the output take its
+            type; an untyped ``a`` counts as float32).
+        codes: uint8 ``[N, 1, block]`` codes of the symmetric grid (zero point 128, K padded);
+            written as int8 ``code - 128``.
+        scales: float ``[N, 1]`` (or ``[N]``), every one > 0.
+        k: the unpadded K.
+        bias: ``[N]`` value of ``a``'s type, or None (then an ``Add`` follows the MatMul).
+        spill: write the codes and scales to the spill file (:func:`passctl.ir.spill`).
+
+    Returns:
+        the output ``[..., N]`` of ``a``'s type (its shape set when ``a``'s is known).
+
+    Raises:
+        ValueError: the model's opset is below 13, or codes hold more than one block per column.
+    """
+    if model.opset < DQ_PER_AXIS_OPSET:
+        raise ValueError(f"DequantizeLinear per channel needs opset >= {DQ_PER_AXIS_OPSET}, "
+                         f"the model has {model.opset}")
+    if codes.shape[1] != 1:
+        raise ValueError("per-channel codes have one block per column")
+    n = codes.shape[0]
+    q = signed_codes(codes, k, 8)
+    return _dq_matmul(b, a, q, np.asarray(scales).reshape(n), 8, {"axis": 1}, bias, base,
+                      output_names, spill)
+
+
+def dq_matmul_blocked(b: Builder, model: Model, a: Value, codes: np.ndarray, scales: np.ndarray,
+                      k: int, block: int, bias: Optional[Value] = None, base: str = "w",
+                      output_names=(), spill: bool = False) -> Value:
+    """Build ``MatMul(A, DequantizeLinear(B int4 [K, N], scale [K / block, N], axis=0,
+    block_size=block)) (+ bias)``: weight-only int4 with one scale per output column and block of
+    K, the form TensorRT 10 documents for INT4 weight-only quantization.
+
+    Sources: ONNX ``DequantizeLinear`` opset 21 (blocked quantization: a scale of the input's
+    rank, ``x_scale.shape[axis] = ceil(x.shape[axis] / block_size)``; INT4 input); TensorRT's
+    Dequantize operator (docs.nvidia.com/deeplearning/tensorrt/operators/docs/Dequantize.html:
+    "a 2-D tensor for block quantization (supported for DataType::kINT4 only)", zero points only
+    zero-valued) and quantization schemes page (docs.nvidia.com/deeplearning/tensorrt/latest/
+    inference-library/quantized-types-schemes.html: INT4 ``x = x_q * s``, ``x_q`` in [-8, 7],
+    "INT4 quantization requires per-block scales. The supported block sizes are {64, 128}. The
+    block dimension should be one of the last two dimensions", INT4 for weights only);
+    onnx-tensorrt's ``QuantDequantLinearHelper`` (onnxOpImporters.cpp: every scale > 0, exactly
+    one blocked dimension, the block inferred as ``dims / scale dims``, so K must be a multiple
+    of ``block``; an even number of 4-bit elements; UINT8 / UINT4 data refused: no zero points).
+
+    Args:
+        a: the activation ``[..., K]``, float32 or float16 (scales and output take its type).
+        codes: uint8 ``[N, K / block, block]`` codes of the symmetric grid (zero point 8),
+            written as INT4 ``code - 8``.
+        scales: float ``[N, K / block]``, every one > 0 (written transposed, ``[K / block, N]``).
+        k: K, a multiple of ``block``; ``block``: 64 or 128 for TensorRT (any >= 2 for ONNX).
+        bias, spill: as :func:`dq_matmul_per_channel`.
+
+    Returns:
+        the output ``[..., N]`` of ``a``'s type.
+
+    Raises:
+        ValueError: the model's opset is below 21, or K is not ``codes``' whole blocks.
+    """
+    import ml_dtypes
+
+    if model.opset < DQ_BLOCKED_OPSET:
+        raise ValueError(f"DequantizeLinear with block_size needs opset >= {DQ_BLOCKED_OPSET}, "
+                         f"the model has {model.opset}")
+    n, kb, size = codes.shape
+    if size != block or kb * block != k:
+        raise ValueError(f"K={k} is not {kb} whole blocks of {block}")
+    q = signed_codes(codes, k, 4).astype(ml_dtypes.int4)
+    return _dq_matmul(b, a, q, np.asarray(scales).T, 4, {"axis": 0, "block_size": int(block)},
+                      bias, base, output_names, spill)
+
+
+__all__ = ["DQ_BLOCKED_OPSET", "DQ_PER_AXIS_OPSET", "NBITS_MIN_BLOCK", "dq_matmul_blocked",
+           "dq_matmul_per_channel", "dynamic_quantize_matmul", "matmul_integer", "matmul_nbits",
+           "pack_nbits", "pack_zero_points", "signed_codes"]

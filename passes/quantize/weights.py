@@ -7,6 +7,13 @@ The math (:func:`quantize_blocks`) is round-to-nearest on a grid per output colu
   2^(bits-1)``, zero point ``2^(bits-1)`` (MatMulNBits' default, so none is stored). ``w_ext``
   lands exactly on the code -2^(bits-1), using all 2^bits levels: llama.cpp's Q4_0 / Q8_0 scale
   choice (ggml-quants.c ``quantize_row_q4_0_ref``: ``d = max / -8``).
+* ``symmetric=true, absmax=true``: ``scale = max|w| / (2^(bits-1) - 1) > 0``, codes ``clip(round(w
+  / scale), -2^(bits-1), 2^(bits-1) - 1) + 2^(bits-1)`` (in practice within ``+-(2^(bits-1) - 1)``),
+  the same zero point: the positive-scale symmetric grid of TensorRT's quantization schemes
+  (``x = x_q * s``) and of ``quantize-dynamic``'s weights (``max|w| / 127``). TensorRT's ONNX
+  parser refuses a scale <= 0 (onnx-tensorrt ``QuantDequantLinearHelper``: "Scale coefficients
+  must all be positive"), and the Q4_0 grid's scale has the sign of ``-w_ext`` (negative for a
+  block whose extreme is positive), so the tensorrt form uses this grid.
 * ``symmetric=false``: the block's range ``[min(w, 0), max(w, 0)]`` on ``2^bits - 1`` steps,
   ``scale = (max - min) / (2^bits - 1)``, zero point ``round(-min / scale)`` (ONNX Runtime's
   ``MatMul4BitsQuantizer`` asymmetric blockwise quantization; zero stays exactly representable).
@@ -25,6 +32,11 @@ The math (:func:`quantize_blocks`) is round-to-nearest on a grid per output colu
   (:func:`layer_hessians`), so ``||X W - X Wq||`` is minimized rather than ``||W - Wq||``.
 
 ``block=0`` means one block per column (per-output-channel; padded to a power of 2 rows).
+
+Forms (the pass picks one from the target and emitter; the lowering functions are in
+:mod:`passctl.passes.lowering.weight_quant`): ``cpu`` with ``onnxruntime``: ``MatMulNBits``;
+a GPU target with ``tensorrt``: ``DequantizeLinear -> MatMul`` (int8 per output channel, int4 in
+blocks of 64 or 128 along K at opset 21), symmetric, positive scales, no zero points.
 """
 
 from __future__ import annotations
@@ -41,12 +53,15 @@ from passctl.ir import Builder, DataType, Model, Node
 from passctl.ir.errors import UserError
 from passctl.passes._snapshot import clone_model
 from passctl.passes.base import PassResult
-from passctl.passes.lowering.weight_quant import NBITS_MIN_BLOCK, matmul_nbits
+from passctl.passes.lowering.weight_quant import (DQ_BLOCKED_OPSET, DQ_PER_AXIS_OPSET,
+                                                  NBITS_MIN_BLOCK, dq_matmul_blocked,
+                                                  dq_matmul_per_channel, matmul_nbits)
 from passctl.passes.precision.amp import parse_dims
 from passctl.passes.precision.calibrating import CalibratingPass
 from passctl.passes.precision.sensitivity import (calibration_inputs, check_search_options,
                                                   output_error, run_model, search_fp32_set)
 from passctl.passes.quantize.layers import QuantLayer, find_layers, quantizable_nodes
+from passctl.passes.quantize.opset import raise_opset
 from passctl.passes.registry import register_pass
 from passctl.support.profiles import get_target
 
@@ -54,6 +69,11 @@ logger = logging.getLogger(__name__)
 
 BITS = (4, 8)
 BLOCKS = (0, 16, 32, 64, 128, 256)
+TENSORRT_INT4_BLOCKS = (64, 128)
+"""TensorRT's INT4 block sizes ("The supported block sizes are {64, 128}": TensorRT developer
+guide, Quantization Schemes)."""
+NBITS, DQ = "MatMulNBits", "DequantizeLinear+MatMul"
+"""The forms: ONNX Runtime's contrib op (cpu), standard ONNX for TensorRT."""
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 OUTPUT_RANKING_MAX = 64
 UNBUDGETED_CHECK_BOUND = {8: 3e-2, 4: 2e-1}
@@ -107,7 +127,7 @@ weight's size: a 4096 x 32000 LM head does not need 0.5 GB per temporary)."""
 
 def quantize_blocks(w: np.ndarray, bits: int, block: int, symmetric: bool = True,
                     method: str = "rtn", float_zero_points: bool = False,
-                    scale_dtype=np.float32) -> BlockCodes:
+                    scale_dtype=np.float32, absmax: bool = False) -> BlockCodes:
     """Quantize ``w`` ``[K, N]`` (MatMul's B; float32 or float16, possibly a read-only memory
     map) per column ``n`` and block of ``block`` rows of K (the module docstring's grids;
     ``block=0``: one block per column).
@@ -116,7 +136,8 @@ def quantize_blocks(w: np.ndarray, bits: int, block: int, symmetric: bool = True
     ``w`` and converted to float32 on its own, so the memory used beyond the returned codes is
     bounded whatever ``w``'s size. ``scale_dtype``: the type the kernel reads the scales in (its
     ``T1``, the activation's type: float16 for a float16 model); scales are rounded to it before
-    the codes are computed, so the codes are those of the stored scales.
+    the codes are computed, so the codes are those of the stored scales. ``absmax``: with
+    ``symmetric``, the positive-scale grid ``max|w| / (2^(bits-1) - 1)`` (module docstring).
 
     Returns:
         :class:`BlockCodes`; ``dequantize()`` gives the weight the kernel multiplies with.
@@ -136,7 +157,8 @@ def quantize_blocks(w: np.ndarray, bits: int, block: int, symmetric: bool = True
         wt = wt.reshape(c1 - c0, kb, size)
         best = None
         for r in ratios:
-            q, sc, zps = _grid(wt, bits, symmetric, np.float32(r), float_zero_points, scale_dtype)
+            q, sc, zps = _grid(wt, bits, symmetric, np.float32(r), float_zero_points, scale_dtype,
+                               absmax)
             if len(ratios) == 1:
                 best = [q, sc, zps, None]
                 break
@@ -187,7 +209,7 @@ GPTQ_BATCH = 128
 
 
 def gptq_blocks(w: np.ndarray, hessian: np.ndarray, bits: int, block: int, symmetric: bool = True,
-                float_zero_points: bool = False) -> BlockCodes:
+                float_zero_points: bool = False, absmax: bool = False) -> BlockCodes:
     """GPTQ quantization (module docstring) of float32 ``w`` ``[K, N]`` given ``hessian``
     ``[K, K]`` (``sum x x^T`` over calibration rows, any scale). Returns :class:`BlockCodes`
     on the same grids as :func:`quantize_blocks`."""
@@ -222,7 +244,7 @@ def gptq_blocks(w: np.ndarray, hessian: np.ndarray, bits: int, block: int, symme
             if r % size == 0:  # a new group: its grid from the rows as they are now
                 group = np.concatenate([wb[i:], work[end:(g + 1) * size]])[:size]
                 c, sc, zp = _grid(group.T[:, None, :].astype(np.float32), bits, symmetric,
-                                  np.float32(1.0), float_zero_points)
+                                  np.float32(1.0), float_zero_points, absmax=absmax)
                 scales[:, g] = sc[:, 0]
                 if zps is not None:
                     zps[:, g] = zp[:, 0]
@@ -270,7 +292,7 @@ def layer_hessians(model: Model, layers: List["WeightLayer"], feeds
 
 
 def _grid(wt: np.ndarray, bits: int, symmetric: bool, ratio: np.float32,
-          float_zero_points: bool = False, scale_dtype=np.float32):
+          float_zero_points: bool = False, scale_dtype=np.float32, absmax: bool = False):
     """Codes, scales (rounded to ``scale_dtype``, held as float32) and zero points of blocks
     ``wt`` ``[..., block]`` (float32) on the module docstring's grids; a zero scale becomes 1."""
     levels = 2 ** bits
@@ -279,6 +301,11 @@ def _grid(wt: np.ndarray, bits: int, symmetric: bool, ratio: np.float32,
         scales = np.asarray(scales, np.float32).astype(scale_dtype).astype(np.float32)
         return np.where(scales == 0, np.float32(1), scales).astype(np.float32)
 
+    if symmetric and absmax:
+        half = levels // 2
+        scales = stored(np.abs(wt).max(-1) * ratio / np.float32(half - 1))
+        q = np.clip(np.rint(wt / scales[..., None]), -half, half - 1) + half
+        return q.astype(np.uint8), scales, None
     if symmetric:
         half = levels // 2
         idx = np.abs(wt).argmax(-1)[..., None]
@@ -389,27 +416,37 @@ def _is_external(v) -> bool:
 
 
 def apply_nbits(model: Model, chosen: List[WeightLayer], codes: Dict[int, BlockCodes],
-                accuracy_level: int) -> int:
-    """Replace each chosen MatMul / Gemm (by position) by MatMulNBits reading its codes; the
-    float weight is dropped when nothing else reads it. Returns the number of nodes replaced."""
+                accuracy_level: int, form: str = NBITS) -> int:
+    """Replace each chosen MatMul / Gemm (by position) by ``form`` (:data:`NBITS`: MatMulNBits;
+    :data:`DQ`: DequantizeLinear -> MatMul, per channel for 8 bits, blocked for 4) reading its
+    codes; the float weight is dropped when nothing else reads it. Returns the number of nodes
+    replaced."""
     nodes = list(model.graph)
     for wl in chosen:
-        _apply_one(model, nodes[wl.layer.position], wl, codes[wl.layer.position], accuracy_level)
+        _apply_one(model, nodes[wl.layer.position], wl, codes[wl.layer.position], accuracy_level,
+                   form)
     return len(chosen)
 
 
 def _apply_one(model: Model, node: Node, wl: WeightLayer, c: BlockCodes,
-               accuracy_level: int) -> None:
+               accuracy_level: int, form: str = NBITS) -> None:
     """:func:`apply_nbits` for one node. Codes of a weight held in external data are spilled to
     a file (:func:`passctl.ir.spill`), so a model's quantized weights are never all in memory."""
     graph = model.graph
     b = Builder(graph, provenance=node.provenance, insert=False)
     bias = node.inputs[2] if wl.has_bias else None
     old_w = node.inputs[1]
-    y = matmul_nbits(b, model, node.inputs[0], c.codes, c.scales, c.zero_points, c.k,
-                     c.bits, c.block, accuracy_level, bias,
-                     base=(node.name or wl.layer.name).replace("/", "_"),
-                     output_names=(node.outputs[0].name + "_nbits",), spill=wl.external)
+    base = (node.name or wl.layer.name).replace("/", "_")
+    if form == DQ:
+        names = (node.outputs[0].name + "_dq",)
+        y = (dq_matmul_per_channel(b, model, node.inputs[0], c.codes, c.scales, c.k, bias, base,
+                                   names, wl.external) if c.bits == 8 else
+             dq_matmul_blocked(b, model, node.inputs[0], c.codes, c.scales, c.k, c.block, bias,
+                               base, names, wl.external))
+    else:
+        y = matmul_nbits(b, model, node.inputs[0], c.codes, c.scales, c.zero_points, c.k,
+                         c.bits, c.block, accuracy_level, bias, base=base,
+                         output_names=(node.outputs[0].name + "_nbits",), spill=wl.external)
     if y.type is None:
         y.type = node.outputs[0].type
     graph.replace_nodes([node], b.nodes, [node.outputs[0]], [y])
@@ -421,7 +458,9 @@ def _apply_one(model: Model, node: Node, wl: WeightLayer, c: BlockCodes,
 @register_pass
 class QuantizeWeights(CalibratingPass):
     """Weight-only quantization of MatMul / Gemm weights to int8 (per output channel) or int4
-    (blocks of K), lowered to ONNX Runtime's ``com.microsoft.MatMulNBits``.
+    (blocks of K), lowered to ONNX Runtime's ``com.microsoft.MatMulNBits`` (``cpu`` target,
+    ``onnxruntime`` emitter) or to standard ONNX ``DequantizeLinear -> MatMul`` for TensorRT (a GPU
+    target with ``--emit tensorrt``).
 
     Rules:
       1. Layers: MatMul with a constant float32 2-D B ``[K, N]`` and Gemm (transA=0, beta=1, C
@@ -443,19 +482,36 @@ class QuantizeWeights(CalibratingPass):
          order of their model-output error alone (one run per layer up to 64 layers, else their
          relative weight error), the fewest leading ones found by amp's ``search_fp32_set``.
 
-    Statistics: ``bits``, ``block``, ``symmetric``, ``method``, ``accuracy_level``,
+    TensorRT form (``passctl.passes.lowering.weight_quant.dq_matmul_per_channel`` /
+    ``dq_matmul_blocked``; sources there): int8 is one scale per output column
+    (``DequantizeLinear(int8 [K, N], scale [N], axis=1)``, block quantization being INT4-only in
+    TensorRT), int4 is ``DequantizeLinear(INT4 [K, N], scale [K / block, N], axis=0,
+    block_size=block)`` at opset 21 (the model is converted up with onnx's version converter),
+    block 64 or 128. TensorRT requires zero points of 0 and scales > 0, so the grid is the
+    positive-scale symmetric one (``absmax``, module docstring); a layer whose K is not a multiple
+    of the int4 block stays float32 (the parser infers the block from the shapes). Refused with
+    one line: ``symmetric=false`` / ``float_zero_points``, ``absmax=false``, ``accuracy_level``
+    (MatMulNBits' attribute), ``bits=8`` with a block, ``bits=4`` with a block other than 64/128.
+
+    Statistics: ``form``, ``bits``, ``block``, ``symmetric``, ``absmax``, ``method``,
+    ``accuracy_level`` (None for the TensorRT form),
     ``quantized_layers``, ``float_layers``, ``layers`` (name, op, K, N, bits, block,
     ``weight_error``: ||W - Wq||_F / ||W||_F, ``output_error`` when measured, ``why`` for float
     ones), ``weight_bytes`` (before, after), and with a budget ``budget``, ``metric``,
     ``error``, ``within_budget``, ``search``.
 
     Raises:
-        UserError: bad options; a GPU target or a non-onnxruntime emitter (no lowering yet).
+        UserError: bad options; a target / emitter pair without a form (a GPU target with the
+            onnxruntime or tvm emitter, the cpu with another emitter); an option the TensorRT
+            form cannot write.
     """
 
     name = "quantize-weights"
-    summary = "Weight-only int8/int4 MatMul weights (MatMulNBits), optional accuracy budget"
+    summary = ("Weight-only int8/int4 MatMul weights (MatMulNBits, or DequantizeLinear for "
+               "TensorRT), optional accuracy budget")
     budget_label = "quantize-weights"
+    _form = NBITS
+    _absmax = False
 
     @dataclass
     class Options:
@@ -467,6 +523,9 @@ class QuantizeWeights(CalibratingPass):
                 to a power of 2); None: 64 for 8 bits, 128 for 4 bits (per column with int8
                 compute cost SmolLM2 +4.4% perplexity, block 64 -0.2%).
             symmetric: symmetric grid without zero points (true) or with them (false).
+            absmax: with ``symmetric``, the positive-scale grid ``max|w| / (2^(bits-1) - 1)``
+                instead of Q4_0's ``w_ext / -2^(bits-1)``; None: true for TensorRT (it requires
+                scales > 0), false otherwise.
             float_zero_points: with ``symmetric=false``, float zero points on the block's own
                 [min, max] (llama.cpp Q4_1's grid) instead of uint8 ones.
             method: ``rtn`` (round to nearest), ``mse`` (per-block clipping search) or
@@ -487,6 +546,7 @@ class QuantizeWeights(CalibratingPass):
         bits: int = 4
         block: Optional[int] = None
         symmetric: bool = True
+        absmax: Optional[bool] = None
         float_zero_points: bool = False
         method: Literal["rtn", "mse", "gptq"] = "rtn"
         accuracy_level: Optional[int] = None
@@ -516,11 +576,57 @@ class QuantizeWeights(CalibratingPass):
                                 "0-4 (4: int8 compute)")
             if self.float_zero_points and self.symmetric:
                 raise UserError("quantize-weights: float_zero_points=true needs symmetric=false")
+            if self.absmax and not self.symmetric:
+                raise UserError("quantize-weights: absmax=true is a symmetric grid; drop "
+                                "symmetric=false or absmax=true")
             if self.method not in ("rtn", "mse", "gptq"):
                 raise UserError(f"quantize-weights: method={self.method}; use rtn, mse or gptq")
             if self.budget is not None:
                 check_search_options("quantize-weights", self.budget, self.samples,
                                      self.metric, "1e-2")
+
+    def configure(self, context) -> List[str]:
+        """:meth:`CalibratingPass.configure`, then refuse (before any pass runs) a target /
+        emitter without a form or an option the form cannot write (:meth:`form`)."""
+        notes = super().configure(context)
+        if context.target is not None or context.emitter:
+            self.form()
+        return notes
+
+    def form(self) -> str:
+        """The form for the options' target and the emitter: :data:`NBITS` (cpu, onnxruntime)
+        or :data:`DQ` (a GPU target, tensorrt).
+
+        Raises:
+            UserError: one line: no form for the pair, or an option TensorRT cannot take.
+        """
+        o = self.options
+        target = get_target(o.target)
+        emitter = self._emitter or target.default_emitter
+        if not target.is_gpu and emitter == "onnxruntime":
+            return NBITS
+        if not (target.is_gpu and emitter == "tensorrt"):
+            raise UserError(f"quantize-weights: target {target.name} / emitter {emitter} has no "
+                            "form; use --target cpu (MatMulNBits, ONNX Runtime) or a GPU target "
+                            "with --emit tensorrt (DequantizeLinear + MatMul)")
+        why = None
+        if not o.symmetric:
+            why = ("symmetric=false writes zero points, and TensorRT takes DequantizeLinear with "
+                   "zero points of 0 only; drop symmetric=false")
+        elif o.absmax is False:
+            why = ("absmax=false is the Q4_0 grid, whose scales can be negative, and TensorRT "
+                   "requires scales > 0; drop absmax=false")
+        elif o.accuracy_level is not None:
+            why = "accuracy_level is MatMulNBits' attribute (ONNX Runtime); drop it"
+        elif o.bits == 8 and o.block not in (None, 0):
+            why = (f"bits=8 with block={o.block}: TensorRT's int8 DequantizeLinear is per "
+                   "channel (block quantization is INT4 only); give block=0 or no block")
+        elif o.bits == 4 and o.block is not None and o.block not in TENSORRT_INT4_BLOCKS:
+            why = (f"bits=4 with block={o.block}: TensorRT's INT4 block sizes are 64 and 128; "
+                   "give block=64 or block=128")
+        if why:
+            raise UserError(f"quantize-weights for --emit tensorrt (target {target.name}): {why}")
+        return DQ
 
     def error_budget(self) -> Optional[Tuple[str, float, str]]:
         """``(metric, budget, label)`` for the numeric check; without ``budget``, mean-rel
@@ -532,20 +638,42 @@ class QuantizeWeights(CalibratingPass):
 
     def run(self, model: Model) -> PassResult:
         o = self.options
-        target = get_target(o.target)
-        emitter = self._emitter or target.default_emitter
-        cpu_onnxruntime_only("quantize-weights", target, emitter,
-                             "use --target cpu (MatMulNBits has no other form yet)")
-        block = o.block if o.block is not None else (64 if o.bits == 8 else 128)
-        level = o.accuracy_level if o.accuracy_level is not None else 4
+        form = self.form()
+        self._form = form
+        if form == DQ:
+            block = o.block if o.block is not None else (0 if o.bits == 8 else 128)
+            level = None
+            self._absmax = True
+        else:
+            block = o.block if o.block is not None else (64 if o.bits == 8 else 128)
+            level = o.accuracy_level if o.accuracy_level is not None else 4
+            self._absmax = bool(o.absmax)
         exclude = parse_exclude(model, o.exclude, self.name)
         start = time.perf_counter()
+        stats: Dict[str, Any] = {"form": form, "bits": o.bits, "block": block or "per-column",
+                                 "symmetric": o.symmetric, "absmax": self._absmax,
+                                 "method": o.method, "accuracy_level": level}
+        if form == DQ:
+            need = DQ_BLOCKED_OPSET if o.bits == 4 else DQ_PER_AXIS_OPSET
+            if model.opset < need and quantizable_nodes(model.graph):
+                stats["opset"] = [raise_opset(model, need, self.name,
+                                              "the TensorRT form (DequantizeLinear"
+                                              + (" with block_size)" if o.bits == 4 else
+                                                 " per channel)")), need]
         layers, why_not = _weight_layers(model, exclude)
-        stats: Dict[str, Any] = {"bits": o.bits, "block": block or "per-column",
-                                 "symmetric": o.symmetric, "method": o.method,
-                                 "accuracy_level": level}
+        if form == DQ and o.bits == 4:
+            kept = []
+            for wl in layers:
+                if wl.shape[0] % block:
+                    why_not[wl.layer.name] = (f"K={wl.shape[0]} is not a multiple of block "
+                                              f"{block} (TensorRT infers the block from the "
+                                              "shapes)")
+                else:
+                    kept.append(wl)
+            layers = kept
         rtn_fallback: List[str] = []
         before = sum(wl.w.nbytes for wl in layers)
+        size_of = _dq_bytes if form == DQ else _nbits_bytes
         if o.budget is None and o.method != "gptq":
             # Every layer quantized, no model run: one layer at a time (read, quantize, lower,
             # drop), so a 7B model's weights are never all in memory (issue 18, "streams").
@@ -560,16 +688,17 @@ class QuantizeWeights(CalibratingPass):
             chosen, alone, why = layers, {}, {}
             if o.budget is not None and layers:
                 chosen, alone, why = self._search(model, layers, codes, werr, stats, level)
-            after = sum(_nbits_bytes(codes[wl.layer.position], np.dtype(_scale_dtype(wl)).itemsize)
+            after = sum(size_of(codes[wl.layer.position], np.dtype(_scale_dtype(wl)).itemsize)
                         if wl in chosen else wl.w.nbytes
                         for wl in layers)
-            apply_nbits(model, chosen, codes, level)
+            apply_nbits(model, chosen, codes, level, form)
         rows: List[Dict[str, Any]] = [{"name": k, "bits": 32, "why": v} for k, v in why_not.items()]
         for wl in layers:
             p = wl.layer.position
             row = {"name": wl.layer.name, "op": wl.layer.op, "K": wl.shape[0],
                    "N": wl.shape[1], "bits": o.bits if p not in why else 32,
-                   "block": codes[p].block, "weight_error": _round(werr[p])}
+                   "block": codes[p].block if block or form == NBITS else "per-column",
+                   "weight_error": _round(werr[p])}
             if p in alone:
                 row["output_error"] = _round(alone[p])
             if p in why:
@@ -577,7 +706,8 @@ class QuantizeWeights(CalibratingPass):
             rows.append(row)
         stats.update(quantized_layers=len(chosen), float_layers=len(rows) - len(chosen),
                      layers=rows, weight_bytes=[int(before), int(after)])
-        logger.info("quantize-weights: %d of %d layers int%d", len(chosen), len(layers), o.bits)
+        logger.info("quantize-weights: %d of %d layers int%d (%s)", len(chosen), len(layers),
+                    o.bits, form)
         return PassResult(bool(chosen), stats)
 
     def _stream(self, model: Model, layers: List[WeightLayer], block: int, level: int):
@@ -592,14 +722,15 @@ class QuantizeWeights(CalibratingPass):
         for wl in layers:
             p = wl.layer.position
             c = quantize_blocks(wl.w, o.bits, block, o.symmetric, o.method, o.float_zero_points,
-                                _scale_dtype(wl))
+                                _scale_dtype(wl), self._absmax)
             werr[p] = weight_error(c, wl.w)
-            after += _nbits_bytes(c, np.dtype(_scale_dtype(wl)).itemsize)
-            _apply_one(model, nodes[p], wl, c, level)
+            after += (_dq_bytes if self._form == DQ else _nbits_bytes)(
+                c, np.dtype(_scale_dtype(wl)).itemsize)
+            _apply_one(model, nodes[p], wl, c, level, self._form)
             # Fresh empty arrays, not c.codes[:0]: a slice is a view that keeps the whole
             # codes array (K * N bytes, one per int4 code) alive, 6.7 GB over a 7B model.
-            kept[p] = BlockCodes(np.empty((0,) + c.codes.shape[1:], np.uint8),
-                                 np.empty((0,) + c.scales.shape[1:], np.float32), None,
+            kept[p] = BlockCodes(np.empty((0,) + c.codes.shape[1:], c.codes.dtype),
+                                 np.empty((0,) + c.scales.shape[1:], c.scales.dtype), None,
                                  c.k, c.bits, c.block)
             wl.release()
             del c
@@ -617,16 +748,17 @@ class QuantizeWeights(CalibratingPass):
             for wl in layers:  # fewer calibration rows than K: H is singular, round to nearest
                 h, rows = hessians[wl.layer.position]
                 codes[wl.layer.position] = (
-                    gptq_blocks(wl.w, h, o.bits, block, o.symmetric, o.float_zero_points)
+                    gptq_blocks(wl.w, h, o.bits, block, o.symmetric, o.float_zero_points,
+                                self._absmax)
                     if rows >= wl.w.shape[0] else
                     quantize_blocks(wl.w, o.bits, block, o.symmetric, "rtn", o.float_zero_points,
-                                    _scale_dtype(wl)))
+                                    _scale_dtype(wl), self._absmax))
                 if rows < wl.w.shape[0]:
                     rtn_fallback.append(wl.layer.name)
         else:
             codes = {wl.layer.position: quantize_blocks(wl.w, o.bits, block, o.symmetric,
                                                         o.method, o.float_zero_points,
-                                                        _scale_dtype(wl))
+                                                        _scale_dtype(wl), self._absmax)
                      for wl in layers}
         werr = {wl.layer.position: weight_error(codes[wl.layer.position], wl.w) for wl in layers}
         return codes, werr
@@ -638,7 +770,7 @@ class QuantizeWeights(CalibratingPass):
 
         def error_of(subset):
             trial = clone_model(model)
-            apply_nbits(trial, subset, codes, accuracy_level)
+            apply_nbits(trial, subset, codes, accuracy_level, self._form)
             return output_error(reference, run_model(trial, feeds, optimize=level), o.metric)
 
         all_low = error_of(layers)
@@ -677,8 +809,16 @@ def _nbits_bytes(c: BlockCodes, scale_bytes: int = 4) -> int:
     return n * kb * size * c.bits // 8 + c.scales.size * scale_bytes + zp
 
 
+def _dq_bytes(c: BlockCodes, scale_bytes: int = 4) -> int:
+    """Bytes the DequantizeLinear form stores for ``c``: K x N codes of ``bits`` (INT4 packed two
+    per byte) and the scales (no zero points)."""
+    n = c.codes.shape[0]
+    return -(-c.k * n * c.bits // 8) + c.scales.size * scale_bytes
+
+
 def _round(x: float) -> Any:
     return float(f"{x:.4g}") if math.isfinite(x) else str(x)
 
 
-__all__ = ["BlockCodes", "QuantizeWeights", "apply_nbits", "block_size", "quantize_blocks"]
+__all__ = ["DQ", "NBITS", "BlockCodes", "QuantizeWeights", "apply_nbits", "block_size",
+           "quantize_blocks"]

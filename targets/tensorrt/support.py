@@ -78,8 +78,72 @@ def _restriction(node: Node) -> Optional[str]:
         zero_point = _const(node, 2)
         if zero_point is not None and np.any(zero_point.astype(np.float64) != 0):
             return "the zero point must be 0 (symmetric quantization)"
+        why = _qdq_restriction(node)
+        if why is not None:
+            return why
     if op == "ScatterND" and node.attr("reduction", "none") != "none":
         return "reduction other than none is not supported"
+    return None
+
+
+#: Element types of DequantizeLinear's quantized input the parser takes (TensorRT's Dequantize
+#: operator: "T1: int8, fp8, int4"; UINT8 only with the DLA flag, onnx-tensorrt
+#: ``QuantDequantLinearHelper`` ``checkNotInvalidType(..., {"UINT8"})``).
+_DQ_INPUT_TYPES = frozenset({"INT8", "INT4", "FLOAT8E4M3FN"})
+#: INT4 block sizes ("The supported block sizes are {64, 128}": TensorRT developer guide,
+#: Quantization Schemes).
+INT4_BLOCKS = (64, 128)
+
+
+def _qdq_restriction(node: Node) -> Optional[str]:
+    """Q/DQ restrictions of TensorRT 10 (onnx-tensorrt ``QuantDequantLinearHelper`` in
+    onnxOpImporters.cpp; TensorRT's Dequantize / Quantize operators and Quantization Schemes
+    pages) decided from the graph: scales > 0 when they are initializers; DequantizeLinear's
+    data int8 / int4 / fp8 (no uint8 / uint4); a 1-D scale of ``dims[axis]`` entries; a blocked
+    scale (the input's rank) only for int4 data, on a 2-D input, one blocked axis among the last
+    two, ``block_size`` 64 or 128 that divides that axis exactly (the parser infers the block
+    from the shapes); an even number of 4-bit elements."""
+    scale = _const(node, 1)
+    if scale is not None and not np.all(scale.astype(np.float64) > 0):
+        return "every scale must be > 0 (Scale coefficients must all be positive)"
+    x = node.inputs[0] if node.inputs else None
+    dtype = x.dtype if x is not None else None
+    name = getattr(dtype, "name", None)
+    dq = node.op_type == "DequantizeLinear"
+    if dq and name is not None and name not in _DQ_INPUT_TYPES:
+        return f"the quantized data is int8, int4 or fp8 (not {name.lower()})"
+    shape = None if x is None or x.shape is None else x.shape
+    dims = None if shape is None or shape.rank is None else tuple(shape.dims)
+    scale_v = node.inputs[1] if len(node.inputs) > 1 else None
+    scale_dims = (None if scale_v is None or scale_v.shape is None or scale_v.shape.rank is None
+                  else tuple(scale_v.shape.dims))
+    block = node.attr("block_size", 0)
+    rank = None if dims is None else len(dims)
+    if dims is not None and name in ("INT4", "UINT4") and all(isinstance(d, int) for d in dims) \
+            and int(np.prod(dims)) % 2:
+        return "a 4-bit tensor has an even number of elements"
+    blocked = block or (scale_dims is not None and rank is not None and len(scale_dims) == rank
+                        and rank > 1 and int(np.prod(scale_dims)) > 1)
+    if not blocked:
+        if scale_dims is not None and len(scale_dims) == 1 and dims is not None \
+                and scale_dims[0] != 1:
+            axis = node.attr("axis", 1)
+            axis = axis + rank if axis < 0 else axis
+            if 0 <= axis < rank and isinstance(dims[axis], int) and dims[axis] != scale_dims[0]:
+                return (f"a per-channel scale has dims[axis] = {dims[axis]} entries "
+                        f"(it has {scale_dims[0]})")
+        return None
+    if dq and name is not None and name != "INT4":
+        return f"block quantization is for int4 data only (this is {name.lower()})"
+    if rank is not None and rank != 2:
+        return f"a blocked DequantizeLinear's input is 2-D (it is {rank}-D)"
+    if block not in INT4_BLOCKS:
+        return f"block_size is 64 or 128 (it is {block})"
+    axis = node.attr("axis", 1)
+    axis = axis + 2 if axis < 0 else axis
+    if dims is not None and isinstance(dims[axis], int) and dims[axis] % block:
+        return (f"the blocked axis ({dims[axis]}) is a multiple of block_size {block} (the "
+                "parser infers the block from the shapes)")
     return None
 
 
@@ -107,8 +171,9 @@ def check_support(model: Model, source: str = "--emit tensorrt") -> List[str]:
     Checked: the default-domain opset is within [:data:`MIN_OPSET`, :data:`MAX_OPSET`]; no operator
     of another domain; no operator the matrix marks unsupported; the matrix's restrictions that
     the graph alone decides (Reduce* axes and TopK's K initializers, MaxPool's Indices and
-    LayerNormalization's extra outputs unused, Resize modes, zero Q/DQ zero points, ScatterND
-    without reduction). Restrictions that depend on run-time values are left to the parser.
+    LayerNormalization's extra outputs unused, Resize modes, zero Q/DQ zero points and positive
+    scales, DequantizeLinear's data types and per-channel / blocked int4 scale shapes
+    (:func:`_qdq_restriction`), ScatterND without reduction). Restrictions that depend on run-time values are left to the parser.
 
     Args:
         model: the compiled IR (not modified).
@@ -140,4 +205,5 @@ def check_support(model: Model, source: str = "--emit tensorrt") -> List[str]:
     return []
 
 
-__all__ = ["MAX_OPSET", "MIN_OPSET", "TENSORRT_VERSION", "UNSUPPORTED_OPS", "check_support"]
+__all__ = ["INT4_BLOCKS", "MAX_OPSET", "MIN_OPSET", "TENSORRT_VERSION", "UNSUPPORTED_OPS",
+           "check_support"]

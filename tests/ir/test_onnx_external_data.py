@@ -169,3 +169,37 @@ def test_save_into_a_data_subfolder(tmp_path):
     assert (tmp_path / "data" / "weights.bin").is_file()
     assert np.array_equal(run_onnxruntime(out, _inputs())["y"],
                           run_onnxruntime(str(tmp_path / "model.onnx"), _inputs())["y"])
+
+
+def test_to_onnx_keep_external_references_the_source_files(tmp_path):
+    """to_onnx(keep_external=True) writes the source's external weights as the references they
+    were read from (no bytes), embeds the rest, and from_onnx maps them again to equal values
+    (what quantize's raise_opset hands onnx's version converter)."""
+    from passctl.ir import from_onnx
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    small = np.arange(3, dtype=np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "h"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])],
+        [onnx.numpy_helper.from_array(w, "W"), onnx.numpy_helper.from_array(small, "S")])
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(proto, str(tmp_path / "m.onnx"), save_as_external_data=True, location="w.bin",
+              size_threshold=1024)
+    model = load(str(tmp_path / "m.onnx"))
+    model.graph.add_constant(np.ones(4, np.float32), "extra")  # in memory: embedded
+    skeleton = to_onnx(model, keep_external=True)
+    inits = {t.name: t for t in skeleton.graph.initializer}
+    assert inits["W"].data_location == TensorProto.EXTERNAL and not inits["W"].raw_data
+    entries = {e.key: e.value for e in inits["W"].external_data}
+    assert entries["location"] == "w.bin" and int(entries["length"]) == w.nbytes
+    assert inits["S"].data_location != TensorProto.EXTERNAL
+    assert inits["extra"].data_location != TensorProto.EXTERNAL
+    back = from_onnx(skeleton, str(tmp_path))
+    assert back.graph.initializers["W"].const.external is not None
+    assert np.array_equal(back.graph.initializers["W"].const.numpy(), w)
+    assert np.array_equal(back.graph.initializers["extra"].const.numpy(), np.ones(4, np.float32))
+    full = to_onnx(model)  # the default still embeds everything
+    assert all(t.data_location != TensorProto.EXTERNAL for t in full.graph.initializer)

@@ -445,3 +445,34 @@ def test_initializer_that_is_also_an_input_stays_both():
     w = model.graph.initializers["w"]
     assert w.is_graph_input() and w.is_initializer() and model.graph.inputs[-1] is w
     assert same_bytes(to_onnx(model), proto), proto_diff(proto, to_onnx(model))
+
+
+@pytest.mark.parametrize("dtype", [DataType.INT4, DataType.UINT4])
+@pytest.mark.parametrize("external", [False, True])
+def test_spilled_4bit_constants_are_packed_like_onnx(dtype, external, tmp_path):
+    """A 4-bit array spilled (quantize-weights' int4 codes of external weights) reads back as
+    itself and is written as onnx packs it (onnx.numpy_helper reads the saved model: inline or as
+    external data copied byte for byte from the spill file)."""
+    from passctl.ir import spill
+
+    rng = np.random.default_rng(int(dtype))
+    lo, hi = (-8, 8) if dtype == DataType.INT4 else (0, 16)
+    values = rng.integers(lo, hi, (65, 41)).astype(dtype.numpy())  # odd count: a half byte;
+    tensor = spill(values)  # 1333 bytes packed: above save's 1 KiB inline floor
+    assert tensor.external is not None and tensor.external.length == 1333
+    assert np.array_equal(tensor.numpy().astype(np.int8), values.astype(np.int8))
+    placeholder = helper.make_tensor("w", int(dtype), [65, 41], [0] * (65 * 41))
+    graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", int(dtype), [65, 41])],
+                              initializer=[placeholder])
+    model = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    w = model.graph.initializers["w"]
+    tensor.name = "w"
+    w.const = tensor
+    path = str(tmp_path / "m.onnx")
+    save(model, path, external_data=external, size_threshold=0)
+    proto = onnx.load(path, load_external_data=False)
+    (init,) = [t for t in proto.graph.initializer if t.name == w.name]
+    assert (init.data_location == TensorProto.EXTERNAL) == external
+    got = onnx.numpy_helper.to_array(init, base_dir=str(tmp_path))
+    assert np.array_equal(got.astype(np.int8), values.astype(np.int8))

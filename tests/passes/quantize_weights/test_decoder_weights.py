@@ -61,3 +61,82 @@ def test_onnx_source_with_weights_is_refused(tmp_path):
     (tmp_path / "decoder.onnx").write_bytes(b"")
     with pytest.raises(UserError, match="--weights int4 applies to GGUF / transformers"):
         export_decoder.main(args, None)
+
+
+def _session_without_optimization(gen, path):
+    """Give ``gen`` a session at ORT_DISABLE_ALL (ONNX Runtime would otherwise fuse DQ -> MatMul
+    into MatMulNBits with int8 activations: its CPU shortcut, not what the graph says)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    gen.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    gen._input_names = {i.name for i in gen.session.get_inputs()}
+    return gen
+
+
+def _logits(folder, ids):
+    gen = _session_without_optimization(Generator(str(folder)), folder / "model.onnx")
+    gen.reset(1)
+    gen.step(ids[:, :5])
+    return gen.step(ids[:, 5:6])[0]
+
+
+def test_tensorrt_form_on_a_tiny_llama_decoder(tmp_path):
+    """quantize-weights{bits=8} for h100 / tensorrt over a tiny Llama decoder graph: its 9
+    projections and LM head become int8 DequantizeLinear -> MatMul (the decoder keeps its ONNX
+    Runtime contrib attention, so only the pass is tested here, not a TensorRT artifact); ONNX
+    Runtime's logits equal those of the same graph with numpy-dequantized float weights, stay
+    near the float32 artifact's, and int4 (opset 21 needed) refuses in one line because onnx's
+    version converter has no schema for the contrib ops."""
+    import shutil
+
+    from onnx import numpy_helper
+
+    from passctl.ir import load, save, to_onnx
+    from passctl.passes.quantize.weights import QuantizeWeights
+    from passctl.support.context import CompileContext
+    from passctl.support.profiles import get_target
+
+    fp32 = tmp_path / "fp32"
+    export_from_transformers(tiny_model("llama", seed=1, intermediate_size=128), word_tokenizer(),
+                             str(fp32), max_length=32)
+    quant, deq = tmp_path / "int8", tmp_path / "deq"
+    shutil.copytree(fp32, quant)
+    model = load(str(fp32 / "model.onnx"))
+    p = QuantizeWeights(bits=8)
+    p.configure(CompileContext(target=get_target("h100"), emitter="tensorrt"))
+    stats = p.run(model).stats
+    assert stats["quantized_layers"] == 9 and stats["form"] == "DequantizeLinear+MatMul"
+    (quant / "model.onnx").unlink()
+    save(model, str(quant / "model.onnx"), external_data=False)
+    proto = onnx.load(str(quant / "model.onnx"))
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("DequantizeLinear") == 9 and "Gemm" not in ops
+    # the reference: each DequantizeLinear's output computed in numpy, as a float initializer
+    inits = {t.name: t for t in proto.graph.initializer}
+    ref = onnx.ModelProto()
+    ref.CopyFrom(proto)
+    del ref.graph.node[:]
+    for n in proto.graph.node:
+        if n.op_type != "DequantizeLinear":
+            ref.graph.node.append(n)
+            continue
+        q = numpy_helper.to_array(inits[n.input[0]]).astype(np.float64)
+        s = numpy_helper.to_array(inits[n.input[1]]).astype(np.float64)
+        ref.graph.initializer.append(numpy_helper.from_array((q * s[None, :]).astype(np.float32),
+                                                             n.output[0]))
+    shutil.copytree(fp32, deq)
+    (deq / "model.onnx").unlink()
+    onnx.save(ref, str(deq / "model.onnx"))
+    ids = np.array([[1, 42, 7, 100, 99, 3]], np.int64)
+    got, want, base = (_logits(f, ids) for f in (quant, deq, fp32))
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    err = float(np.abs(got - base).max() / np.abs(base).max())
+    assert 0 < err < 0.03  # int8 per channel against float32 (the MatMulNBits test's bound)
+    p4 = QuantizeWeights(bits=4, block=64)
+    p4.configure(CompileContext(target=get_target("h100"), emitter="tensorrt"))
+    with pytest.raises(UserError) as e:
+        p4.run(load(str(fp32 / "model.onnx")))
+    assert "needs opset >= 21 but the model has opset 17" in str(e.value)
+    assert "\n" not in str(e.value)

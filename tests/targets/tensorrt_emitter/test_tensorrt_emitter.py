@@ -343,3 +343,89 @@ def test_run_warns_outside_the_profile(cls_artifact, tmp_path, caplog):
     with caplog.at_level("WARNING"):
         run_artifact(out, runs=1, warmup=0)
     assert "optimization profile" not in caplog.text
+
+
+def _dq_matmul(q, scale, k, n, opset=21, zero_point=None, **attrs):
+    """x [2, k] -> MatMul(x, DequantizeLinear(q, scale[, zero_point], **attrs)) -> y [2, n]."""
+    inits = [q, scale] + ([zero_point] if zero_point is not None else [])
+    dq = oh.make_node("DequantizeLinear", [t.name for t in inits], ["wd"], name="dq", **attrs)
+    mm = oh.make_node("MatMul", ["x", "wd"], ["y"], name="mm")
+    return _graph([dq, mm], [_vi("x", [2, k])], [_vi("y", [2, n])], inits, opset=opset)
+
+
+def _no_optimization():
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return options
+
+
+def _int4(name, codes):
+    return oh.make_tensor(name, onnx.TensorProto.INT4, list(codes.shape),
+                          codes.reshape(-1).astype(np.int8).tolist())
+
+
+def test_weight_only_int4_and_int8_dequantize_forms_are_accepted(tmp_path):
+    """INT4 blocked (axis 0, block 64 / 128, positive scales, no zero point) and int8 per
+    channel pass the support table, and the written model is what ONNX Runtime runs to numpy's
+    dequantize-then-matmul."""
+    rng = np.random.default_rng(5)
+    k, n = 128, 24
+    q = rng.integers(-8, 8, (k, n))
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    for block in (64, 128):
+        s = rng.uniform(0.01, 0.1, (k // block, n)).astype(np.float32)
+        proto = _dq_matmul(_int4("q", q), onnx.numpy_helper.from_array(s, "s"), k, n, axis=0,
+                           block_size=block)
+        out = _emit(proto, tmp_path / f"b{block}")
+        written = onnx.load(str(out / "model.onnx"))
+        assert written.graph.initializer[0].data_type == onnx.TensorProto.INT4
+        want = x.astype(np.float64) @ (q * np.repeat(s.astype(np.float64), block, axis=0))
+        # optimizations off: at ORT_ENABLE_ALL ONNX Runtime fuses DQ -> MatMul into MatMulNBits
+        # with int8 activations (0.6% here), which is ONNX Runtime's choice, not the model's
+        sess = ort.InferenceSession(str(out / "model.onnx"), _no_optimization(),
+                                    providers=["CPUExecutionProvider"])
+        got = sess.run(None, {"x": x})[0]
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+        table = json.load(open(out / "precision.json"))
+        assert [r["precision"] for r in table["layers"]] == ["float32", "float32"]
+    q8 = onnx.numpy_helper.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "q")
+    s8 = onnx.numpy_helper.from_array(rng.uniform(0.01, 0.1, n).astype(np.float32), "s")
+    _emit(_dq_matmul(q8, s8, k, n, opset=17, axis=1), tmp_path / "i8")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("negative", "every scale must be > 0 (Scale coefficients must all be positive)"),
+    ("uint4", "the zero point must be 0"),
+    ("uint8", "the quantized data is int8, int4 or fp8 (not uint8)"),
+    ("block32", "block_size is 64 or 128 (it is 32)"),
+    ("ragged", "the blocked axis (96) is a multiple of block_size 64"),
+    ("int8-blocked", "block quantization is for int4 data only (this is int8)"),
+    ("channels", "a per-channel scale has dims[axis] = 24 entries (it has 23)"),
+])
+def test_dequantize_forms_tensorrt_refuses(case, message, tmp_path):
+    rng = np.random.default_rng(6)
+    k, n = (96 if case == "ragged" else 128), 24
+    s = rng.uniform(0.01, 0.1, (k // 64 if case != "block32" else k // 32, n)).astype(np.float32)
+    attrs = dict(axis=0, block_size=32 if case == "block32" else 64)
+    zero_point = None
+    q = _int4("q", rng.integers(-8, 8, (k, n)))
+    if case == "negative":
+        s[0, 0] = -s[0, 0]
+    if case == "uint4":
+        q = oh.make_tensor("q", onnx.TensorProto.UINT4, [k, n], rng.integers(0, 16, k * n).tolist())
+        zero_point = oh.make_tensor("zp", onnx.TensorProto.UINT4, list(s.shape),
+                                    [8] * s.size)
+    if case == "int8-blocked":
+        q = onnx.numpy_helper.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "q")
+    if case in ("uint8", "channels"):
+        dtype = np.uint8 if case == "uint8" else np.int8
+        q = onnx.numpy_helper.from_array(rng.integers(0, 100, (k, n)).astype(dtype), "q")
+        s = rng.uniform(0.01, 0.1, 23 if case == "channels" else n).astype(np.float32)
+        attrs = dict(axis=1)
+    proto = _dq_matmul(q, onnx.numpy_helper.from_array(s, "s"), k, n, zero_point=zero_point,
+                       **attrs)
+    with pytest.raises(UserError) as info:
+        _emit(proto, tmp_path)
+    text = str(info.value)
+    assert "node 'dq' (DequantizeLinear): TensorRT's ONNX parser requires that " + message in text
+    assert "\n" not in text and not (tmp_path / "out").exists()
