@@ -8,7 +8,9 @@ For each model (batch 1, sequence 128):
 - ``passctl dyn-int8`` / ``passctl dyn-int8 (integer)``: ``cleanup,fuse,flash-attn,
   quantize-dynamic{metric=cosine,budget=B,calib=DIR,form=dqmm|integer}`` (``--budget B``,
   default 7e-3): DynamicQuantizeMatMul
-  vs the MatMulInteger form, the MatMuls the budget allows;
+  vs the MatMulInteger form, the MatMuls the budget allows, with the pass's default
+  ``smooth=search`` (SmoothQuant smoothing of the LayerNorm-fed MatMuls, alpha chosen on the
+  calibration feeds; ``smooth_alpha`` in the stats column);
 - ``ort quantize_dynamic``: ``onnxruntime.quantization.quantize_dynamic(fp32 file,
   weight_type=QInt8)`` (its defaults: per-tensor weights, MatMulInteger form), ``ORT_ENABLE_ALL``.
 
@@ -77,6 +79,10 @@ def _compile(src: str, pipeline: str, out: Path) -> dict:
     stats = next((r.stats for r in result.records if r.name == "quantize-dynamic"), {})
     stats = {k: v for k, v in stats.items() if k in ("quantized_layers", "float_layers",
                                                       "error", "form", "bias_absorbed")}
+    smoothing = next((r.stats.get("smoothing") for r in result.records
+                      if r.name == "quantize-dynamic"), None)
+    if smoothing:
+        stats["smooth_alpha"] = smoothing.get("alpha")
     stats["compile_s"] = round(time.perf_counter() - start, 1)
     return stats
 

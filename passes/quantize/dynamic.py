@@ -21,6 +21,8 @@ from passctl.passes.precision.sensitivity import (calibration_inputs, check_sear
                                                   output_error, run_model, search_fp32_set)
 from passctl.passes.quantize.layers import constant_array
 from passctl.passes.quantize.scales import quantize_weight, weight_scales
+from passctl.passes.quantize.smooth import (ALPHAS, activation_absmax, apply_smoothing,
+                                            layernorm_groups)
 from passctl.passes.quantize.weights import (WeightLayer, _weight_layers, cpu_onnxruntime_only,
                                              parse_exclude)
 from passctl.passes.registry import register_pass
@@ -105,12 +107,20 @@ class QuantizeDynamic(CalibratingPass):
          138 vs 142 ms at seq 128; the fifth 21.8 vs 21.3 ms; docs/quantize-weights.md). Weight codes in [-127, 127], or [-63, 63]
          on x86 CPUs whose U8S8 kernels saturate int16 pairs (no VNNI:
          ``passctl.support.cpu_isa``, ONNX Runtime's ``reduce_range``).
-      3. Budget: the all-int8 model's output error on the calibration feeds (under ``metric``,
+      3. Smoothing (``smooth``, SmoothQuant, Xiao et al. 2023, :mod:`passctl.passes.quantize.smooth`):
+         the MatMuls that read a LayerNormalization take ``s_j = max|X_j|^alpha /
+         max|W_j|^(1-alpha)`` from the calibration feeds' activations: weights ``diag(s) W``,
+         input ``LN(x) / s`` (folded into gamma/beta, or a Mul where the LayerNorm output also
+         feeds a residual). ``search`` (default) measures the all-int8 model's output error
+         without smoothing and at each alpha of 0.5..0.9 and keeps the lowest; a number fixes
+         alpha; ``off`` skips it. Per-column weight scales, per-tensor uint8 activations.
+      4. Budget: the all-int8 model's output error on the calibration feeds (under ``metric``,
          measured at the shipped optimization level); while over ``budget``, layers return to
          float32 in order of their model-output error alone (one run per layer up to 64
          layers, else their weight error), the fewest leading ones (amp's ``search_fp32_set``).
 
-    Statistics: ``form``, ``weight_qmax``, ``quantized_layers``, ``float_layers``,
+    Statistics: ``form``, ``weight_qmax``, ``smoothing`` (alpha, groups, smoothed_layers,
+    folded, muls, tried: [[alpha or "off", all-int8 error]]), ``quantized_layers``, ``float_layers``,
     ``bias_absorbed``, ``budget``, ``metric``, ``error``, ``within_budget``, ``search``,
     ``layers`` (name, op, precision, output_error when measured, why).
 
@@ -134,6 +144,9 @@ class QuantizeDynamic(CalibratingPass):
             calib, samples, seed, dims: calibration feeds as for amp / quantize.
             exclude: node names or op types that stay float32 (``;``-separated).
             reduce_range: 7-bit weight codes; None: where the CPU's U8S8 kernels saturate.
+            smooth: SmoothQuant migration strength of the LayerNorm-fed MatMuls: ``search``
+                (default: the lowest all-int8 error of off, 0.5, 0.6, 0.7, 0.8, 0.9), a
+                number in [0, 1], or ``off``.
             target: target profile name (default: the compile context's).
         """
 
@@ -146,12 +159,22 @@ class QuantizeDynamic(CalibratingPass):
         dims: str = ""
         exclude: str = ""
         reduce_range: Optional[bool] = None
+        smooth: str = "search"
         target: str = "cpu"
 
         def __post_init__(self) -> None:
-            """Raises UserError: an unknown form, or a bad budget/samples/metric."""
+            """Raises UserError: an unknown form or smooth, or a bad budget/samples/metric."""
             if self.form not in FORMS:
                 raise UserError(f"quantize-dynamic: form={self.form}; use dqmm or integer")
+            self.smooth = str(self.smooth).strip().lower()
+            if self.smooth not in ("search", "off"):
+                try:
+                    alpha = float(self.smooth)
+                except ValueError:
+                    alpha = float("nan")
+                if not 0.0 <= alpha <= 1.0:
+                    raise UserError(f"quantize-dynamic: smooth={self.smooth}; use search, off or "
+                                    "a number in [0, 1] (SmoothQuant's alpha)")
             check_search_options("quantize-dynamic", self.budget, self.samples, self.metric,
                                  "2e-2")
 
@@ -177,12 +200,37 @@ class QuantizeDynamic(CalibratingPass):
         feeds, reference, level = self.reference_run(model, parse_dims(o.dims, self.name))
         start = time.perf_counter()
 
-        def error_of(subset: List[WeightLayer]) -> float:
-            trial = clone_model(model)
+        def error_on(base: Model, subset: List[WeightLayer]) -> float:
+            trial = clone_model(base)
             apply_dynamic(trial, subset, qmax, o.form)
             return output_error(reference, run_model(trial, feeds, optimize=level), o.metric)
 
-        all_low = error_of(layers)
+        all_low = error_on(model, layers)
+        smoothing: Dict[str, Any] = {"alpha": "off"}
+        if o.smooth != "off":
+            groups = layernorm_groups(model, [wl.layer.position for wl in layers
+                                              if wl.w.dtype == np.float32])
+            if groups:
+                activation_absmax(model, groups, feeds)
+                tried: List[List[Any]] = [["off", all_low]] if o.smooth == "search" else []
+                for alpha in (ALPHAS if o.smooth == "search" else (float(o.smooth),)):
+                    trial = clone_model(model)
+                    apply_smoothing(trial, groups, alpha)
+                    tried.append([alpha, error_on(trial, _weight_layers(trial, exclude)[0])])
+                best = min(tried, key=lambda t: (t[1] if math.isfinite(t[1]) else math.inf))
+                smoothing = {"alpha": best[0], "groups": len(groups),
+                             "smoothed_layers": sum(len(g.members) for g in groups),
+                             "tried": [[a, _round(e)] for a, e in tried]}
+                if best[0] != "off":
+                    folded, muls = apply_smoothing(model, groups, float(best[0]))
+                    smoothing.update(folded=folded, muls=muls)
+                    layers, why_not = _weight_layers(model, exclude)
+                    all_low = best[1]
+        stats["smoothing"] = smoothing
+
+        def error_of(subset: List[WeightLayer]) -> float:
+            return error_on(model, subset)
+
         alone: Dict[int, float] = {}
         rank = {wl.layer.position: _werr(wl.w, qmax) for wl in layers}
         if all_low > o.budget and len(layers) <= OUTPUT_RANKING_MAX:
