@@ -93,3 +93,24 @@ def test_stops_at_eos(tmp_path):
     export_from_transformers(model, None, str(tmp_path / "out"), max_length=16, check=False)
     result = Generator(str(tmp_path / "out")).generate([5, 6, 7], max_new_tokens=8)
     assert result.tokens[0].tolist() == ref[:first + 1].tolist()
+
+
+def test_huge_pages_leave_logits_bitwise_equal(artifact):
+    """MADV_COLLAPSE moves the session's weights to 2 MB pages without changing a bit: the same
+    prompt gives identical logits with and without it (and the plain session collapses nothing)."""
+    _, out = artifact
+    ids = np.array([[1, 5, 9, 3, 7]], np.int64)
+    plain, huge = Generator(out, huge_pages=False), Generator(out)
+    assert plain.huge_page_bytes == 0 and huge.huge_page_bytes >= 0
+    for gen in (plain, huge):
+        gen.reset(1)
+    assert np.array_equal(plain.step(ids), huge.step(ids))
+    assert np.array_equal(plain.step(ids[:, :1]), huge.step(ids[:, :1]))
+
+
+def test_subtract_keeps_only_new_memory():
+    from passctl.targets.onnxruntime.generate import _subtract
+
+    assert _subtract((0, 100), [(20, 30), (50, 60)]) == [(0, 20), (30, 50), (60, 100)]
+    assert _subtract((0, 100), [(0, 100)]) == []
+    assert _subtract((10, 20), [(0, 5), (30, 40)]) == [(10, 20)]
