@@ -421,3 +421,13 @@ def check_models(reference: ModelLike, candidate: ModelLike,
     else:
         logger.warning("check failed: %s", "; ".join(result.failures(rtol)))
     return result
+
+
+def quiet_stdout():
+    """A context that swallows what ONNX Runtime's Python wrapper prints to stdout when a session
+    fails to load (``*** EP Error ***`` and "Falling back to ... and retrying", before it raises
+    the same error again): passctl reports the error itself, in one line."""
+    import contextlib
+    import io
+
+    return contextlib.redirect_stdout(io.StringIO())

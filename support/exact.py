@@ -95,8 +95,7 @@ def float64_outputs(model: Union[str, onnx.ModelProto], inputs: Mapping[str, np.
                  else v) for k, v in inputs.items()}
     names = [o.name for o in wide.graph.output]
     try:
-        from passctl.support.check import run_onnxruntime
-        from passctl.support.ort_levels import quiet_stdout
+        from passctl.support.check import quiet_stdout, run_onnxruntime
 
         with quiet_stdout():
             return run_onnxruntime(wide, feeds)

@@ -15,6 +15,8 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from passctl.support.check import quiet_stdout  # noqa: F401  (its old home; callers import it here)
+
 #: ONNX Runtime's graph optimization levels, highest first (``ORT_ENABLE_LAYOUT`` only where the
 #: installed ONNX Runtime has it).
 OPTIMIZATION_LEVELS = ("ORT_ENABLE_ALL", "ORT_ENABLE_LAYOUT", "ORT_ENABLE_EXTENDED",
@@ -160,14 +162,6 @@ def highest_right_level(run: Callable[[str], Mapping[str, Any]], below: str,
     return None
 
 
-def quiet_stdout():
-    """A context that swallows what ONNX Runtime's Python wrapper prints to stdout when a session
-    fails to load (``*** EP Error ***`` and "Falling back to ... and retrying", before it raises
-    the same error again): passctl reports the error itself, in one line."""
-    import contextlib
-    import io
-
-    return contextlib.redirect_stdout(io.StringIO())
 
 
 def runs_with(model: Any, inputs: Dict[str, Any]) -> Callable[[str], Dict[str, Any]]:

@@ -387,7 +387,12 @@ def _dispatch(args, argv: List[str], console) -> int:
     elif args.command in ("compare", "bisect", "diff"):
         import importlib
 
-        return importlib.import_module(f"passctl.tools.{args.command}").main(args, console)
+        name = args.command
+        if name == "compare":
+            from passctl.tools.compare_tvm import wants_tvm
+
+            name = "compare_tvm" if wants_tvm(args) else name
+        return importlib.import_module(f"passctl.tools.{name}").main(args, console)
     return EXIT_OK
 
 

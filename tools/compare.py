@@ -333,7 +333,7 @@ def load_candidate(original: str, candidate: Optional[str], pipeline: Optional[s
     if os.path.isdir(candidate):
         from passctl.targets.tvm.runtime import is_tvm_artifact
 
-        if is_tvm_artifact(candidate):  # main() routes these to compare_tvm
+        if is_tvm_artifact(candidate):  # the CLI routes these to compare_tvm
             raise UserError(f"'{candidate}' is a TVM artifact: compare it with "
                             "passctl.tools.compare_tvm.compare_tvm (passctl compare does)")
         path = os.path.join(candidate, "model.onnx")
@@ -341,6 +341,36 @@ def load_candidate(original: str, candidate: Optional[str], pipeline: Optional[s
             path = last_dump_step(candidate)
     model, _ = load_model(path)
     return model, path
+
+
+SHIPPED = "shipped"
+DEBUG = "debug-build"
+#: A debug build whose outputs differ from the shipped module's by more than this max-rel (the TVM
+#: emitter's self-check bound for float32, ``SELF_CHECK_RTOL``) is reported as not reproducing it.
+DEBUG_AGREEMENT = 1e-3
+
+
+def describe(report) -> str:
+    """The terminal's line on where the candidate's tensors came from."""
+    info = report.tvm
+    shipped = sum(p.source == SHIPPED for p in report.paired)
+    debug = sum(p.source == DEBUG for p in report.paired)
+    lib = info["shipped"].get("library") or "model.so"
+    line = (f"TVM artifact: {shipped} output pair(s) from the shipped {lib} (tvm.runtime)")
+    build = info["debug_build"]
+    if build.get("built"):
+        agree = info.get("debug_vs_shipped", {})
+        worst = max(agree.values(), default=0.0)
+        line += (f"; {debug} intermediate pair(s) from a debug build of ir.onnx ({build['exposed']} "
+                 f"tensors made outputs, other kernels than {lib}'s; its outputs vs {lib}'s: "
+                 f"max-rel {worst:.3g})")
+        if worst > DEBUG_AGREEMENT:
+            line += (f"; WARNING: over {DEBUG_AGREEMENT:g}, the debug build does not reproduce "
+                     f"{lib}: its intermediates may differ from what {lib} computes")
+    else:
+        line += f"; no intermediates: {build.get('reason', 'no debug build')}"
+    return line
+
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -451,8 +481,6 @@ def print_table(report: CompareReport, console, rows: int = 12) -> None:
                   f"{c['fused-away']} fused away, {c['removed']} removed{hidden}", markup=False,
                   highlight=False)
     if report.tvm:
-        from passctl.tools.compare_tvm import describe
-
         console.print(describe(report), markup=False, highlight=False)
     if report.jump is not None:
         j = report.jump
@@ -578,8 +606,6 @@ def write_html(report: CompareReport, path: str, rows: int = 30) -> None:
             f"<td>{html.escape(p.source)}</td></tr>")
     tvm_line = ""
     if report.tvm:
-        from passctl.tools.compare_tvm import describe
-
         tvm_line = f'<p id="tvm">{html.escape(describe(report))}</p>\n'
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>passctl compare</title>
@@ -638,32 +664,35 @@ def check_output_folder(path: str, option: str = "-o") -> None:
         raise UserError(f"{option} '{path}' is a file; give a folder for the report")
 
 
-def main(args, console) -> int:
+def start(args):
+    """The checks every ``passctl compare`` makes before running anything: ``(metric, bound)``.
+
+    Raises:
+        UserError: a bad ``--bound``, ``-o`` a file, or the original not a file.
+    """
     metric, bound = parse_bound(args.bound)
     check_output_folder(args.output)
     if not os.path.isfile(args.original):
         raise UserError(f"'{args.original}' is not a file; give the original .onnx")
+    return metric, bound
+
+
+def main(args, console) -> int:
+    """``passctl compare`` on ONNX Runtime candidates (TVM artifacts:
+    :func:`passctl.tools.compare_tvm.main`, where the CLI routes them)."""
+    metric, bound = start(args)
     from passctl.support.dims import parse_dim_args
     from passctl.support.input_files import load_input_file
-    from passctl.targets.tvm.runtime import is_tvm_artifact
 
-    if args.candidate is not None and os.path.isdir(args.candidate) and \
-            is_tvm_artifact(args.candidate):
-        if args.pipeline is not None:
-            raise UserError("give the candidate: a model file, an artifact or --dump-ir folder, "
-                            "or --pipeline P (one of them)")
-        from passctl.passes.registry import load_plugin_file
-        from passctl.tools.compare_tvm import compare_tvm
+    model, label = load_candidate(args.original, args.candidate, args.pipeline, args.target,
+                                  args.load)
+    report = compare(args.original, model, load_input_file(args.inputs) or None, metric,
+                     bound, args.seed, parse_dim_args(args.dim), label)
+    return write_outputs(report, args, console)
 
-        for path in args.load:
-            load_plugin_file(path)
-        report = compare_tvm(args.original, args.candidate, load_input_file(args.inputs) or None,
-                             metric, bound, args.seed, parse_dim_args(args.dim))
-    else:
-        model, label = load_candidate(args.original, args.candidate, args.pipeline, args.target,
-                                      args.load)
-        report = compare(args.original, model, load_input_file(args.inputs) or None, metric,
-                         bound, args.seed, parse_dim_args(args.dim), label)
+
+def write_outputs(report, args, console) -> int:
+    """compare.json and compare.html into ``args.output``, the table on the terminal; 0."""
     os.makedirs(args.output, exist_ok=True)
     _write_atomic(os.path.join(args.output, "compare.json"),
                   json.dumps(report.to_dict(), indent=1))

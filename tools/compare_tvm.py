@@ -5,7 +5,7 @@ Two sources of candidate tensors, each pair saying which it came from (``Pair.so
 * ``shipped``: the artifact's graph outputs, from its own ``model.so`` run by
   :class:`passctl.targets.tvm.runtime.TvmArtifact` (``tvm.runtime``, the code that ships). Paired
   with the original's graph outputs by name.
-* ``debug-build``: every other tensor, from :class:`passctl.targets.tvm.ir_file.DebugBuild`: the
+* ``debug-build``: every other tensor, from :class:`passctl.targets.tvm.debug_build.DebugBuild`: the
   artifact's ``ir.onnx`` (the IR the emitter translated, with provenance) compiled again by the
   same route for the same target with every float tensor a graph output. These are TVM-computed
   values of that IR, but of other kernels than ``model.so``'s (exposing a tensor cuts a fusion
@@ -28,11 +28,7 @@ import numpy as np
 
 from passctl.ir.errors import UserError
 
-SHIPPED = "shipped"
-DEBUG = "debug-build"
-#: A debug build whose outputs differ from the shipped module's by more than this max-rel (the TVM
-#: emitter's self-check bound for float32, ``SELF_CHECK_RTOL``) is reported as not reproducing it.
-DEBUG_AGREEMENT = 1e-3
+from passctl.tools.compare import DEBUG, SHIPPED
 
 
 def artifact_dims(proto, manifest: Mapping[str, Any]) -> Dict[str, int]:
@@ -78,7 +74,8 @@ def compare_tvm(original: str, folder: str, inputs: Optional[Dict[str, np.ndarra
 
     from passctl.support.check import _diff_one
     from passctl.support.inputs import make_inputs
-    from passctl.targets.tvm.ir_file import DebugBuild, load_ir
+    from passctl.targets.tvm.debug_build import DebugBuild
+    from passctl.targets.tvm.ir_file import load_ir
     from passctl.tools.compare import CompareReport, judge, pair_tensors, run_exposed
     from passctl.tools.run_artifact import open_artifact
 
@@ -161,26 +158,32 @@ def _pair_outputs(proto, ref: Dict[str, np.ndarray], shipped: Dict[str, np.ndarr
     return pairs
 
 
-def describe(report) -> str:
-    """The terminal's line on where the candidate's tensors came from."""
-    info = report.tvm
-    shipped = sum(p.source == SHIPPED for p in report.paired)
-    debug = sum(p.source == DEBUG for p in report.paired)
-    lib = info["shipped"].get("library") or "model.so"
-    line = (f"TVM artifact: {shipped} output pair(s) from the shipped {lib} (tvm.runtime)")
-    build = info["debug_build"]
-    if build.get("built"):
-        agree = info.get("debug_vs_shipped", {})
-        worst = max(agree.values(), default=0.0)
-        line += (f"; {debug} intermediate pair(s) from a debug build of ir.onnx ({build['exposed']} "
-                 f"tensors made outputs, other kernels than {lib}'s; its outputs vs {lib}'s: "
-                 f"max-rel {worst:.3g})")
-        if worst > DEBUG_AGREEMENT:
-            line += (f"; WARNING: over {DEBUG_AGREEMENT:g}, the debug build does not reproduce "
-                     f"{lib}: its intermediates may differ from what {lib} computes")
-    else:
-        line += f"; no intermediates: {build.get('reason', 'no debug build')}"
-    return line
+def wants_tvm(args) -> bool:
+    """``passctl compare``'s candidate is a TVM artifact folder (then :func:`main` runs it)."""
+    import os
+
+    from passctl.targets.tvm.runtime import is_tvm_artifact
+
+    return args.candidate is not None and os.path.isdir(args.candidate) and \
+        is_tvm_artifact(args.candidate)
 
 
-__all__ = ["DEBUG", "SHIPPED", "artifact_dims", "compare_tvm", "describe"]
+def main(args, console) -> int:
+    """``passctl compare ORIGINAL TVM_ARTIFACT`` (the CLI routes here when :func:`wants_tvm`)."""
+    from passctl.passes.registry import load_plugin_file
+    from passctl.support.dims import parse_dim_args
+    from passctl.support.input_files import load_input_file
+    from passctl.tools.compare import start, write_outputs
+
+    metric, bound = start(args)
+    if args.pipeline is not None:
+        raise UserError("give the candidate: a model file, an artifact or --dump-ir folder, "
+                        "or --pipeline P (one of them)")
+    for path in args.load:
+        load_plugin_file(path)
+    report = compare_tvm(args.original, args.candidate, load_input_file(args.inputs) or None,
+                         metric, bound, args.seed, parse_dim_args(args.dim))
+    return write_outputs(report, args, console)
+
+
+__all__ = ["artifact_dims", "compare_tvm", "main", "wants_tvm"]

@@ -149,15 +149,29 @@ def test_tensorize_with_an_fp16_matmul_is_refused_before_tvm_crashes(tmp_path):
 def test_failed_check_under_python_m_is_a_check_failure_not_an_internal_error(tmp_path):
     """`python -m passctl.tools.cli` ran cli.py as __main__, whose CheckFailed was another class
     than the one compile.py raises: a failed --check printed 'internal error: CheckFailed'."""
-    # transcendental functions: TVM's and ONNX Runtime's differ in the last float32 bits
+    # a --load pass that is wrong on purpose (Tanh -> Sigmoid): a real check failure (a tight
+    # --rtol alone no longer fails: the float64 judge finds TVM's transcendental functions as
+    # close to the exact answer as ONNX Runtime's)
+    (tmp_path / "wrong.py").write_text(
+        "from passctl.passes.base import Pass, PassResult\n"
+        "from passctl.passes.registry import register_pass\n\n\n"
+        "@register_pass\n"
+        "class TanhToSigmoid(Pass):\n"
+        "    name = 'tanh-to-sigmoid'\n"
+        "    summary = 'Tanh -> Sigmoid (WRONG on purpose)'\n\n"
+        "    def run(self, model):\n"
+        "        hit = [n for n in model.graph if n.op_type == 'Tanh']\n"
+        "        for n in hit:\n"
+        "            n.op_type = 'Sigmoid'\n"
+        "        return PassResult(bool(hit), {'changed': len(hit)})\n")
     nodes = [helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Exp", ["x"], ["p"]),
              helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Mul", ["e", "p"], ["m"]),
              helper.make_node("Add", ["m", "t"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    r = run_cli(tmp_path / "m.onnx", "--emit", "tvm", "--check", "--rtol", "1e-12", "--atol", "0",
-                "-o", tmp_path / "a", "--reproducer-dir", tmp_path / "crash")
+    r = run_cli(tmp_path / "m.onnx", "--load", tmp_path / "wrong.py", "-p", "tanh-to-sigmoid",
+                "--emit", "tvm", "--check", "-o", tmp_path / "a", "--reproducer-dir", tmp_path / "crash")
     assert r.returncode == 3
     assert r.stderr.startswith("passctl: numeric check failed: output y"), r.stderr
     assert "internal error" not in r.stderr and not (tmp_path / "a").exists()

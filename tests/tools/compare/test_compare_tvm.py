@@ -220,12 +220,12 @@ def test_an_artifact_without_ir_onnx_compares_its_outputs_only(small, tmp_path):
 
 
 def test_a_failed_debug_build_leaves_the_outputs_and_says_why(small, tmp_path, monkeypatch):
-    from passctl.targets.tvm import ir_file
+    from passctl.targets.tvm import debug_build
 
     def refuse(self, model, manifest):
         raise RuntimeError("TVMError: a stand-in for a build TVM refuses")
 
-    monkeypatch.setattr(ir_file.DebugBuild, "__init__", refuse)
+    monkeypatch.setattr(debug_build.DebugBuild, "__init__", refuse)
     tmp, _, _ = small
     rc, stdout, err = _run(["compare", tmp / "small.onnx", tmp / "bad", "-o", tmp_path / "c"])
     assert rc == 0, err
