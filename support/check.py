@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["CheckResult", "OutputDiff", "ARTIFACT_OPTIMIZATION", "DEFAULT_RTOL", "METRICS", "REL_FLOOR",
            "RUN_MAX_WEIGHT_BYTES", "run_weight_limit",
            "check_models", "check_optimization", "compare", "make_inputs", "outputs_error",
-           "run_onnxruntime", "uninformative_outputs"]
+           "quiet_stdout", "run_onnxruntime", "uninformative_outputs"]
 
 DEFAULT_RTOL = 1e-4
 """Default bound on :attr:`OutputDiff.max_rel` for float32 graph rewrites."""

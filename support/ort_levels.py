@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from passctl.support.check import quiet_stdout  # noqa: F401  (its old home; callers import it here)
+from passctl.support.check import quiet_stdout
 
 #: ONNX Runtime's graph optimization levels, highest first (``ORT_ENABLE_LAYOUT`` only where the
 #: installed ONNX Runtime has it).
@@ -178,5 +178,5 @@ def runs_with(model: Any, inputs: Dict[str, Any]) -> Callable[[str], Dict[str, A
 
 __all__: Sequence[str] = ("LEVEL_RTOL", "OPTIMIZATION_LEVELS", "SHORT_LEVELS", "available_levels",
                           "emit_option", "first_line", "highest_right_level", "level_problem",
-                          "lower_levels", "outputs_problem", "quiet_stdout", "runs_with",
+                          "lower_levels", "outputs_problem", "runs_with",
                           "short_level", "values_problem")

@@ -108,7 +108,7 @@ def load_check(path: str, gpu: bool = False,
             note=f"not opened in ONNX Runtime: {weight_bytes / 1e9:.2f} GB of weights is over "
                  f"{RUN_LIMIT_ENV}={limit} (a session holds about twice the weights); only the "
                  "graph was read back (onnx.load without external data)")
-    from passctl.support.ort_levels import quiet_stdout
+    from passctl.support.check import quiet_stdout
 
     try:
         with quiet_stdout():  # ORT's "EP Error ... Falling back" prints: the EmitError says it

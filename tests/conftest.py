@@ -1,8 +1,10 @@
-"""Shared pytest setup: the tests folder on sys.path (for ``corpus``) and the ``corpus_model`` fixture."""
+"""Shared pytest setup: the tests folder on sys.path (for ``corpus``), the ``corpus_model`` fixture and
+the in-process ``cli`` runner."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,3 +22,29 @@ from corpus import CORPUS, CorpusModel  # noqa: E402  (needs the sys.path entry 
 def corpus_model(request) -> CorpusModel:
     """Each corpus model in turn (test ids show the corpus id); ``.path`` exports it on first use."""
     return CORPUS[request.param]
+
+
+@dataclass
+class CliResult:
+    """What one in-process ``passctl`` run gave; unpacks as ``rc, out, err``."""
+
+    rc: int
+    out: str
+    err: str
+
+    def __iter__(self):
+        return iter((self.rc, self.out, self.err))
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli(*argv)`` runs ``passctl`` in-process and returns its exit code, stdout and stderr."""
+    from passctl.tools.cli import main
+
+    def run(*argv) -> CliResult:
+        capsys.readouterr()
+        rc = main([str(a) for a in argv])
+        captured = capsys.readouterr()
+        return CliResult(rc, captured.out, captured.err)
+
+    return run

@@ -158,6 +158,19 @@ def _original_nodes(proto) -> List[Tuple[str, Any]]:
     return [(default_provenance(n.name, n.op_type, i)[0], n) for i, n in enumerate(proto.graph.node)]
 
 
+def original_float_tensors(onodes, ref: Dict[str, np.ndarray]):
+    """``(index, key, node, name, array)`` for each float tensor the original computes (outputs of
+    :func:`_original_nodes`' nodes found float in ``ref``), in graph order; Constant nodes (weights,
+    not computed tensors) are left out. The tensors every pairing reports on."""
+    for index, (key, n) in enumerate(onodes):
+        if n.op_type == "Constant" and not n.domain:
+            continue
+        for name in n.output:
+            a = ref.get(name)
+            if name and a is not None and _is_float(a):
+                yield index, key, n, name, a
+
+
 def pair_tensors(original_proto, candidate, ref: Dict[str, np.ndarray],
                  got: Dict[str, np.ndarray]) -> List[Pair]:
     """Pair the original's float tensors with the candidate's (module docstring's rules).
@@ -210,52 +223,46 @@ def pair_tensors(original_proto, candidate, ref: Dict[str, np.ndarray],
 
     pairs: List[Pair] = []
     used: set = set()
-    for index, (key, n) in enumerate(onodes):
-        if n.op_type == "Constant" and not n.domain:
-            continue  # a weight, not a computed tensor
-        for name in n.output:
-            a = ref.get(name)
-            if not name or a is None or not _is_float(a):
+    for index, key, n, name, a in original_float_tensors(onodes, ref):
+        pair = Pair(name, key, n.op_type, index, "removed", shape=tuple(a.shape),
+                    dtype=str(a.dtype))
+        pairs.append(pair)
+        descendants = by_source.get(key, [])
+        if name in out_names and name in c_outputs and name in c_values:
+            # a graph output keeps its name (the interface), whoever computes it now (an
+            # eliminated Identity's output is its producer's)
+            b = got.get(name)
+            if b is not None and b.shape == a.shape and _dtype_class_equal(a, b):
+                _accept(pair, c_values[name], got, a, used)
                 continue
-            pair = Pair(name, key, n.op_type, index, "removed", shape=tuple(a.shape),
-                        dtype=str(a.dtype))
-            pairs.append(pair)
-            descendants = by_source.get(key, [])
-            if name in out_names and name in c_outputs and name in c_values:
-                # a graph output keeps its name (the interface), whoever computes it now (an
-                # eliminated Identity's output is its producer's)
-                b = got.get(name)
+        if not descendants:
+            continue
+        pair.status = "fused-away"
+        pair.fused_into = tuple(dict.fromkeys(d.name or d.op_type for d in descendants))
+        options = []
+        for d in descendants:
+            for v in d.outputs:
+                b = got.get(v.name)
                 if b is not None and b.shape == a.shape and _dtype_class_equal(a, b):
-                    _accept(pair, c_values[name], got, a, used)
-                    continue
-            if not descendants:
-                continue
-            pair.status = "fused-away"
-            pair.fused_into = tuple(dict.fromkeys(d.name or d.op_type for d in descendants))
-            options = []
-            for d in descendants:
-                for v in d.outputs:
-                    b = got.get(v.name)
-                    if b is not None and b.shape == a.shape and _dtype_class_equal(a, b):
-                        options.append(v)
-            if not options:
-                continue
-            named = [v for v in options if v.name == name]
-            if named:
-                _accept(pair, named[0], got, a, used)
-                continue
-            leaving = [v for v in options if c_leaves(v)]
-            if o_leaves(name, set(options[0].producer.provenance)):
-                # the tensor leaves its group: a candidate tensor leaving it towards the same
-                # consumers carries it (the last one: after amp's Cast back, say); without a
-                # shared consumer only a lone candidate does
-                leaving = [v for v in leaving if o_leaves(name, set(v.producer.provenance))]
-                free = [v for v in leaving if v.name not in used]
-                shared = [v for v in free if c_outside(v) & o_outside(name, v)]
-                if shared:
-                    _accept(pair, max(shared, key=lambda v: c_position[v.name][0]), got, a, used)
-                elif len(free) == 1 and len(leaving) == 1:
-                    _accept(pair, free[0], got, a, used)
+                    options.append(v)
+        if not options:
+            continue
+        named = [v for v in options if v.name == name]
+        if named:
+            _accept(pair, named[0], got, a, used)
+            continue
+        leaving = [v for v in options if c_leaves(v)]
+        if o_leaves(name, set(options[0].producer.provenance)):
+            # the tensor leaves its group: a candidate tensor leaving it towards the same
+            # consumers carries it (the last one: after amp's Cast back, say); without a
+            # shared consumer only a lone candidate does
+            leaving = [v for v in leaving if o_leaves(name, set(v.producer.provenance))]
+            free = [v for v in leaving if v.name not in used]
+            shared = [v for v in free if c_outside(v) & o_outside(name, v)]
+            if shared:
+                _accept(pair, max(shared, key=lambda v: c_position[v.name][0]), got, a, used)
+            elif len(free) == 1 and len(leaving) == 1:
+                _accept(pair, free[0], got, a, used)
     return pairs
 
 

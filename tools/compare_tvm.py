@@ -137,24 +137,18 @@ def compare_tvm(original: str, folder: str, inputs: Optional[Dict[str, np.ndarra
 def _pair_outputs(proto, ref: Dict[str, np.ndarray], shipped: Dict[str, np.ndarray]):
     """Without the IR: the original's graph outputs paired with the module's by name (same shape
     and dtype class); every other float tensor ``not-exposed``."""
-    from passctl.tools.compare import Pair, _accept_arrays, _dtype_class_equal, _is_float, \
-        _original_nodes
+    from passctl.tools.compare import Pair, _accept_arrays, _dtype_class_equal, _original_nodes, \
+        original_float_tensors
 
     outs = {o.name for o in proto.graph.output}
     pairs = []
-    for index, (key, n) in enumerate(_original_nodes(proto)):
-        if n.op_type == "Constant" and not n.domain:
-            continue
-        for name in n.output:
-            a = ref.get(name)
-            if not name or a is None or not _is_float(a):
-                continue
-            pair = Pair(name, key, n.op_type, index, "not-exposed", shape=tuple(a.shape),
-                        dtype=str(a.dtype))
-            b = shipped.get(name)
-            if name in outs and b is not None and b.shape == a.shape and _dtype_class_equal(a, b):
-                _accept_arrays(pair, name, "", "", (), a, b)
-            pairs.append(pair)
+    for index, key, n, name, a in original_float_tensors(_original_nodes(proto), ref):
+        pair = Pair(name, key, n.op_type, index, "not-exposed", shape=tuple(a.shape),
+                    dtype=str(a.dtype))
+        b = shipped.get(name)
+        if name in outs and b is not None and b.shape == a.shape and _dtype_class_equal(a, b):
+            _accept_arrays(pair, name, "", "", (), a, b)
+        pairs.append(pair)
     return pairs
 
 

@@ -164,7 +164,7 @@ def explain_level_refusal(model_path: str, shown: str, level: str) -> Optional[s
         level: the ``onnxruntime.GraphOptimizationLevel`` name the artifact ships with.
     """
     from passctl.support.check import cpu_session
-    from passctl.support.ort_levels import quiet_stdout
+    from passctl.support.check import quiet_stdout
     from passctl.targets.onnxruntime.emit import available_levels, short_level
 
     if level == "ORT_DISABLE_ALL":

@@ -198,7 +198,7 @@ def run_model(model: Model, feeds: Feeds, outputs: Optional[Sequence[str]] = Non
     Raises:
         OptimizerBreaks: see above.
     """
-    from passctl.support.ort_levels import quiet_stdout
+    from passctl.support.check import quiet_stdout
 
     level = _level_name(optimize)
     try:
@@ -264,7 +264,7 @@ def _optimizer_breakage(model: Model, feeds: Feeds, outputs: Optional[Sequence[s
     below ``level``; None otherwise (the failure is not ONNX Runtime's optimizer's)."""
     from passctl.support.ort_levels import emit_option, highest_right_level, level_problem
 
-    from passctl.support.ort_levels import quiet_stdout
+    from passctl.support.check import quiet_stdout
 
     def run(lv: str) -> Dict[str, np.ndarray]:
         with quiet_stdout():

@@ -146,6 +146,34 @@ def _biased_to_f32(u, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _inv_rms(x_ptr, K: tl.constexpr, EPS: tl.constexpr, BLOCK_K: tl.constexpr,
+             PROLOGUE: tl.constexpr):
+    """``1 / sqrt(mean(x^2) + EPS)`` of the GEMV's input ``x`` (float32 ``[K]``) for the RMSNorm
+    prologue (``PROLOGUE`` 1); 1.0 for the others."""
+    inv_rms = 1.0
+    if PROLOGUE == 1:
+        sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+            sq += xv * xv
+        inv_rms = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + EPS)
+    return inv_rms
+
+
+@triton.jit
+def _store_rows(out_ptr, res_ptr, rows, row_ok, y, HAS_RES: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The GEMV's epilogue: ``y`` (float32, one per row) added into ``out`` with an atomic (split-K,
+    the residual already there) or stored, plus ``res`` with ``HAS_RES``."""
+    if SPLIT_K > 1:
+        tl.atomic_add(out_ptr + rows, y, mask=row_ok, sem="relaxed")
+    else:
+        if HAS_RES:
+            y += tl.load(res_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
 def gemv_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
                 N: tl.constexpr, K: tl.constexpr, EPS: tl.constexpr,
                 WBITS: tl.constexpr, GROUP: tl.constexpr,
@@ -180,14 +208,7 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
     k_lo = tl.program_id(1) * KS
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    inv_rms = 1.0
-    if PROLOGUE == 1:
-        sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-            sq += xv * xv
-        inv_rms = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + EPS)
+    inv_rms = _inv_rms(x_ptr, K, EPS, BLOCK_K, PROLOGUE)
     if WBITS == 4:
         # Tiles of NG groups x GW inputs: one scale per (row, group), loaded once per tile;
         # the packed bytes and x are read contiguously, x split into even / odd elements.
@@ -232,12 +253,7 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
         y = tl.sum(acc, 1)
         if WBITS == 8:
             y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
-    if SPLIT_K > 1:
-        tl.atomic_add(out_ptr + rows, y, mask=row_ok, sem="relaxed")
-    else:
-        if HAS_RES:
-            y += tl.load(res_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+    _store_rows(out_ptr, res_ptr, rows, row_ok, y, HAS_RES, SPLIT_K)
 
 
 @triton.jit
@@ -295,14 +311,7 @@ def gemv_a8_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
     k_lo = tl.program_id(1) * KS
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    inv_rms = 1.0
-    if PROLOGUE == 1:
-        sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-            sq += xv * xv
-        inv_rms = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + EPS)
+    inv_rms = _inv_rms(x_ptr, K, EPS, BLOCK_K, PROLOGUE)
     first = (tl.arange(0, 16) == 0)[:, None]
     acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_lo + KS, BLOCK_K):
@@ -337,12 +346,7 @@ def gemv_a8_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
     y = tl.sum(tl.where(first, acc, 0.0), 0)
     if WBITS == 8:
         y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
-    if SPLIT_K > 1:
-        tl.atomic_add(out_ptr + rows, y, mask=row_ok, sem="relaxed")
-    else:
-        if HAS_RES:
-            y += tl.load(res_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_ok)
+    _store_rows(out_ptr, res_ptr, rows, row_ok, y, HAS_RES, SPLIT_K)
 
 
 @triton.jit

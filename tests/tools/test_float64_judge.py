@@ -22,7 +22,6 @@ import onnx
 from onnx import numpy_helper
 
 from passctl.support.check import run_onnxruntime
-from passctl.tools.cli import main
 
 CASE = os.path.join(os.path.dirname(__file__), "..", "cases", "fuzz-flash-attn-6883")
 MODEL = os.path.join(CASE, "fuzz_flash_attn_6883.onnx")
@@ -50,12 +49,6 @@ NUDGE = textwrap.dedent('''
             return PassResult(True, {"broken": 1})
 ''')
 
-
-def _cli(capsys, *argv):
-    capsys.readouterr()
-    rc = main([str(a) for a in argv])
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
 
 
 def _exact():
@@ -85,10 +78,10 @@ def test_float64_outputs_give_the_exact_answer():
     assert _rel(exact["add_70"], _exact()) < 1e-12
 
 
-def test_check_passes_the_right_artifact_and_says_why(capsys, tmp_path):
+def test_check_passes_the_right_artifact_and_says_why(cli, tmp_path):
     out = tmp_path / "out"
-    rc, _, err = _cli(capsys, MODEL, "-p", "cleanup,fuse,flash-attn", "-t", "cpu", "-o", out,
-                      "--check", "--inputs", FEEDS, "--rtol", "1e-5", "-q")
+    rc, _, err = cli(MODEL, "-p", "cleanup,fuse,flash-attn", "-t", "cpu", "-o", out,
+                     "--check", "--inputs", FEEDS, "--rtol", "1e-5", "-q")
     assert rc == 0, err
     report = json.loads((out / "report.json").read_text())
     assert any(op.endswith("MultiHeadAttention") for op in report["op_histogram"]["after"])
@@ -102,13 +95,13 @@ def test_check_passes_the_right_artifact_and_says_why(capsys, tmp_path):
     assert _rel(got, _exact()) < 1e-6  # the artifact is right, closer than the original
 
 
-def test_check_still_fails_a_wrong_artifact_of_the_same_model(capsys, tmp_path):
+def test_check_still_fails_a_wrong_artifact_of_the_same_model(cli, tmp_path):
     plugin = tmp_path / "nudge.py"
     plugin.write_text(NUDGE)
     out, repro = tmp_path / "out", tmp_path / "repro"
-    rc, _, err = _cli(capsys, MODEL, "--load", plugin, "-p", "cleanup,test-nudge-bias", "-t",
-                      "cpu", "-o", out, "--check", "--inputs", FEEDS, "--rtol", "1e-5",
-                      "--reproducer-dir", repro)
+    rc, _, err = cli(MODEL, "--load", plugin, "-p", "cleanup,test-nudge-bias", "-t",
+                     "cpu", "-o", out, "--check", "--inputs", FEEDS, "--rtol", "1e-5",
+                     "--reproducer-dir", repro)
     assert rc == 3, err
     assert "numeric check failed: output add_70" in err
     assert not out.exists()

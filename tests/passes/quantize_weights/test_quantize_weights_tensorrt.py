@@ -244,41 +244,33 @@ def test_pairs_without_a_form_are_refused(target, emitter):
         _quantize(proto, target=target, emitter=emitter)
 
 
-def _cli(capsys, *argv):
-    from passctl.tools.cli import main
-
-    capsys.readouterr()
-    rc = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return rc, captured.out, captured.err
-
 
 @pytest.mark.parametrize("options, message", [
     ("bits=4,symmetric=false", "symmetric=false writes zero points"),
     ("bits=4,block=256", "TensorRT's INT4 block sizes are 64 and 128"),
     ("bits=8,block=32", "TensorRT's int8 DequantizeLinear is per channel"),
 ])
-def test_cli_refuses_before_the_passes_with_exit_2(options, message, tmp_path, capsys):
+def test_cli_refuses_before_the_passes_with_exit_2(options, message, tmp_path, cli):
     proto, _ = _mlp()
     onnx.save(proto, str(tmp_path / "m.onnx"))
-    rc, _, err = _cli(capsys, tmp_path / "m.onnx", "--pipeline", f"quantize-weights{{{options}}}",
-                      "--target", "a10", "--emit", "tensorrt{build=false}", "-o", tmp_path / "o",
-                      "-q")
+    rc, _, err = cli(tmp_path / "m.onnx", "--pipeline", f"quantize-weights{{{options}}}",
+                     "--target", "a10", "--emit", "tensorrt{build=false}", "-o", tmp_path / "o",
+                     "-q")
     lines = [line for line in err.strip().splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1 and message in lines[0], err
     assert "Traceback" not in err and not (tmp_path / "o").exists()
 
 
-def test_cli_writes_a_tensorrt_artifact_with_int4_weights(tmp_path, capsys):
+def test_cli_writes_a_tensorrt_artifact_with_int4_weights(tmp_path, cli):
     """``passctl m.onnx --pipeline quantize-weights{bits=4,block=64} --target a10 --emit
     tensorrt``: the artifact passes the emitter's support table, holds INT4 DequantizeLinear with
     block_size 64 before each MatMul, records them in precision.json, and ONNX Runtime runs it to
     numpy's dequantize-then-matmul of its own initializers."""
     proto, (w1, b1, w2) = _mlp()
     onnx.save(proto, str(tmp_path / "m.onnx"))
-    rc, _, err = _cli(capsys, tmp_path / "m.onnx", "--pipeline", "quantize-weights{bits=4,block=64}",
-                      "--target", "a10", "--emit", "tensorrt{build=false}", "-o", tmp_path / "o",
-                      "-q")
+    rc, _, err = cli(tmp_path / "m.onnx", "--pipeline", "quantize-weights{bits=4,block=64}",
+                     "--target", "a10", "--emit", "tensorrt{build=false}", "-o", tmp_path / "o",
+                     "-q")
     assert rc == 0, err
     out = onnx.load(str(tmp_path / "o" / "model.onnx"))
     onnx.checker.check_model(out, full_check=True)

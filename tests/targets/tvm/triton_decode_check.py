@@ -58,19 +58,28 @@ def generate() -> dict:
     return out
 
 
-def gemv() -> dict:
-    from passctl.targets.tvm import triton_decode as K
-    from passctl.targets.tvm.triton_decoder import dequantize, quantize_rtn, triton_cdiv
-
-    rng = np.random.default_rng(0)
-    n, k, eps = 24, 256, 1e-6
+def _gemv_case(seed: int, n: int, k: int, eps: float, zeros=()):
+    """Random GEMV operands (float32 torch): weight ``[n, k]``, input ``[2k]`` (gate then up for the
+    SiLU prologue; positions ``zeros`` set to 0), RMSNorm gain ``[k]``, residual ``[n]``; and
+    ``inputs``: the float64 numpy reading of the vector each ``PROLOGUE`` (0, 1, 2) multiplies."""
+    rng = np.random.default_rng(seed)
     w = torch.tensor(rng.standard_normal((n, k)), dtype=torch.float32)
     x = torch.tensor(rng.standard_normal(2 * k), dtype=torch.float32)
     gain = torch.tensor(rng.standard_normal(k), dtype=torch.float32)
     res0 = torch.tensor(rng.standard_normal(n), dtype=torch.float32)
+    x[list(zeros)] = 0.0
     xn, xg = x.numpy().astype(np.float64), gain.numpy().astype(np.float64)
     inputs = {0: xn[:k], 1: xn[:k] / np.sqrt(np.mean(xn[:k] ** 2) + eps) * xg,
               2: xn[:k] / (1 + np.exp(-xn[:k])) * xn[k:]}
+    return w, x, gain, res0, inputs
+
+
+def gemv() -> dict:
+    from passctl.targets.tvm import triton_decode as K
+    from passctl.targets.tvm.triton_decoder import dequantize, quantize_rtn, triton_cdiv
+
+    n, k, eps = 24, 256, 1e-6
+    w, x, gain, res0, inputs = _gemv_case(0, n, k, eps)
     results = []
     for bits in (16, 8, 4):
         if bits == 16:
@@ -114,17 +123,9 @@ def gemv_a8() -> dict:
     from passctl.targets.tvm import triton_decode as K
     from passctl.targets.tvm.triton_decoder import A8_BLOCK, dequantize, quantize_rtn, triton_cdiv
 
-    rng = np.random.default_rng(1)
     n, k, eps = 40, 3 * A8_BLOCK, 1e-6
-    w = torch.tensor(rng.standard_normal((n, k)), dtype=torch.float32)
-    x = torch.tensor(rng.standard_normal(2 * k), dtype=torch.float32)
-    x[7] = 0.0
-    x[A8_BLOCK:2 * A8_BLOCK] = 0.0  # an all-zero block: step 1, codes 0
-    gain = torch.tensor(rng.standard_normal(k), dtype=torch.float32)
-    res0 = torch.tensor(rng.standard_normal(n), dtype=torch.float32)
-    xn, xg = x.numpy().astype(np.float64), gain.numpy().astype(np.float64)
-    inputs = {0: xn[:k], 1: xn[:k] / np.sqrt(np.mean(xn[:k] ** 2) + eps) * xg,
-              2: xn[:k] / (1 + np.exp(-xn[:k])) * xn[k:]}
+    # a zero input, and an all-zero block (step 1, codes 0)
+    w, x, gain, res0, inputs = _gemv_case(1, n, k, eps, zeros=[7, *range(A8_BLOCK, 2 * A8_BLOCK)])
     results = []
     for bits in (8, 4):
         wq, scale = quantize_rtn(w, bits, A8_BLOCK)
