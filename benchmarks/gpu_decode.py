@@ -77,20 +77,25 @@ def check(args) -> int:
         forced = out[0, 16:].tolist()
         sd16 = {k: v.detach().half() for k, v in model.state_dict().items()}
         variants = [(16, v) for v in ("unfused", "fused", "fused-pdl") if v in args.variants] \
-            + [(8, "fused"), (4, "fused"), (8, "fused-a8")] \
-            + ([(4, "fused-a8")] if cfg.hidden_size % 128 == 0 else [])  # int4 a8: groups of 128
+            + [(8, "fused"), (4, "fused")] \
+            + ([(8, "fused-planes"), (4, "fused-planes"), (8, "fused-pdl-planes"),
+                (4, "fused-pdl-planes")] if cfg.hidden_size % 128 == 0 else []) \
+            + ([(8, "fused-a8"), (4, "fused-a8")] if cfg.hidden_size % 128 == 0 and
+               "fused-a8" in args.variants else [])  # int4 a8: groups of 128
         for wbits, variant in variants:
             if variant.endswith("pdl") and not K.HAS_PDL:
                 continue
             try:
                 # split 16: the 48 tokens span three chunks, so the merge combines real ones
-                a8 = variant.endswith("-a8")
+                a8, planes = variant.endswith("-a8"), variant.endswith("-planes")
                 dec = TritonDecoder(sd16, cfg, max_length=128, wbits=wbits, split=16,
                                     group=128 if cfg.hidden_size % 128 == 0 else 64,
-                                    gemv=_configs(args.configs, wbits, a8) if variant != "unfused" else None,
+                                    gemv=_configs(args.configs, wbits, a8, planes)
+                                    if variant != "unfused" else None,
                                     inv_freq=model.model.rotary_emb.inv_freq,
                                     fuse_attention=variant != "unfused",
-                                    pdl="pdl" in variant, act_int8=a8)
+                                    pdl="pdl" in variant, act_int8=a8,
+                                    layout="planes" if planes else "rows")
                 dec.prefill(ids)
                 cos, rel = [], []
                 for j in range(len(forced)):
@@ -139,12 +144,13 @@ def _weights(n, k, wbits, copies=4):
     return ws
 
 
-def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False):
+def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False, planes=False):
     """Mean time of one GEMV launch (CUDA events around a CUDA graph of ``iters`` launches,
     each on the next of the weight copies) and the weight bytes per second it streams. With
     ``cfg.split_k`` > 1 the output is the float32 residual, added into in place (the O / down
     projections' use). ``a8``: the integer-dot kernel (``gemv_a8_kernel``, input quantized to
-    int8 per block of 128)."""
+    int8 per block of 128). ``planes``: ``ws`` holds code-plane words (:func:`_planes`) and the
+    code-plane kernel runs."""
     from passctl.targets.tvm import triton_decode as K
     from passctl.targets.tvm.triton_decoder import A8_BLOCK, triton_cdiv
 
@@ -158,6 +164,12 @@ def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False):
 
     def launch(i):
         w, s = ws[i % copies]
+        if planes:
+            K.gemv_planes_kernel[(triton_cdiv(n, cfg.block_n), split)](
+                w, s, x, g, out, out, N=n, K=k, EPS=1e-6, WBITS=wbits, WG=128 // (32 // wbits),
+                PROLOGUE=prologue, HAS_RES=split > 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                SPLIT_K=split, **cfg.launch_options())
+            return
         kernel[(triton_cdiv(n, cfg.block_n), split)](
             w.view(torch.uint8) if wbits == 8 else w, s, x, g, out, out, N=n, K=k, EPS=1e-6,
             WBITS=wbits, GROUP=128, PROLOGUE=prologue, HAS_RES=split > 1, BLOCK_N=cfg.block_n,
@@ -184,9 +196,21 @@ def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False):
     return ms, nbytes / ms / 1e9
 
 
+def _planes(ws, wbits):
+    """``ws`` of :func:`_weights` as code-plane words (plane blocks of 128 inputs)."""
+    from passctl.targets.tvm.triton_decoder import codes_of, pack_planes
+
+    return [(pack_planes(codes_of(q, wbits), wbits, 128), s) for q, s in ws]
+
+
 #: the sweep's grid per (bits, projection): split-K only where the output is the residual
-def _grid(wbits, name, a8=False):
+def _grid(wbits, name, a8=False, planes=False):
     splits = (1, 2, 4) if name in ("o", "down") else (1,)
+    if planes:  # K tiles of whole plane blocks (128 inputs); 16 KB tiles are the fp16 kernel's
+        bks = (512, 1024) if wbits == 8 else (512, 1024, 2048)
+        bns = (8, 16, 32) if name in ("o", "down") else (16, 32, 64)
+        return [GemvConfig(bn, bk, nw, sk) for bn in bns for bk in bks for nw in (4, 8)
+                for sk in splits]
     if a8:  # K tile fixed at the quantization block; deeper pipelines instead
         return [GemvConfig(bn, 128, nw, sk, st) for bn in (16, 32, 64, 128) for nw in (4, 8)
                 for st in (2, 3, 4) for sk in splits]
@@ -203,14 +227,20 @@ def sweep(args) -> int:
     names = args.shapes or list(SHAPES)
     kinds = [(b, a8) for b in args.wbits for a8 in ((False, True) if args.a8 == "both" else
                                                     (args.a8 == "only",)) if not (a8 and b == 16)]
+    planes = args.layout == "planes"
+    if planes:
+        kinds = [(b, False) for b in args.wbits if b != 16]
+    tag = "p" if planes else ""
     for wbits, a8 in kinds:
         for name in names:
             n, k, pro = SHAPES[name]
             results = []
             ws = _weights(n, k, wbits)
-            for cfg in _grid(wbits, name, a8):
+            if planes:
+                ws = _planes(ws, wbits)
+            for cfg in _grid(wbits, name, a8, planes):
                 try:
-                    ms, tbs = _time_gemv(ws, n, k, pro, wbits, cfg, a8=a8)
+                    ms, tbs = _time_gemv(ws, n, k, pro, wbits, cfg, a8=a8, planes=planes)
                 except Exception as exc:  # noqa: BLE001  (a config out of registers / shared memory)
                     print(f"  {name} w{wbits} {cfg}: {type(exc).__name__}")
                     continue
@@ -218,11 +248,11 @@ def sweep(args) -> int:
             del ws
             results.sort(key=lambda r: r[0])
             ms, tbs, cfg = results[0]
-            best[f"{wbits}{'a8' if a8 else ''}:{name}"] = dict(
+            best[f"{wbits}{'a8' if a8 else tag}:{name}"] = dict(
                 block_n=cfg.block_n, block_k=cfg.block_k, num_warps=cfg.num_warps,
                 split_k=cfg.split_k, num_stages=cfg.num_stages, us=round(ms * 1000, 2),
                 TBps=round(tbs, 3))
-            print(f"w{wbits}{'a8' if a8 else '':<2} {name:8s} [{n}x{k}] best {cfg} {ms * 1000:.1f} us {tbs:.2f} TB/s "
+            print(f"w{wbits}{'a8' if a8 else tag:<2} {name:8s} [{n}x{k}] best {cfg} {ms * 1000:.1f} us {tbs:.2f} TB/s "
                   f"({len(results)} configs, {time.time() - t0:.0f} s)", flush=True)
     print(f"sweep took {time.time() - t0:.0f} s")
     out = args.out or os.path.join(os.environ.get("OUT", "."), "gemv_configs.json")
@@ -235,10 +265,10 @@ def sweep(args) -> int:
     return 0
 
 
-def _configs(path, wbits, a8=False):
+def _configs(path, wbits, a8=False, planes=False):
     """Tiles per projection for ``wbits`` (keys ``"8:qkv"``; ``"8a8:qkv"`` for the
-    integer-dot kernel) from a sweep's json; with ``a8``, per projection the faster of the two
-    kernels as the sweep timed them."""
+    integer-dot kernel, ``"8p:qkv"`` for the code-plane one) from a sweep's json; with ``a8``,
+    per projection the faster of the two kernels as the sweep timed them."""
     if not path:
         return None
     with open(path) as f:
@@ -249,6 +279,8 @@ def _configs(path, wbits, a8=False):
                                            a8=want.endswith("a8")))
                 for key, v in data.items() for b, name in [key.split(":")] if b == want}
 
+    if planes:
+        return {name: cfg for name, (_, cfg) in read(f"{wbits}p").items()} or None
     plain = read(str(wbits))
     if not a8:
         return {name: cfg for name, (_, cfg) in plain.items()}
@@ -341,12 +373,15 @@ def bench(args) -> int:
     for wbits in args.wbits:
         for variant in args.variants:
             fused, pdl, a8 = variant != "unfused", "pdl" in variant, variant.endswith("-a8")
+            planes = variant.endswith("-planes")
+            if planes and wbits == 16:
+                continue
             if pdl and not K.HAS_PDL:
                 print(f"passctl w{wbits} {variant}: skipped, this Triton has no PDL")
                 continue
             if a8 and wbits == 16:
                 continue
-            gemv = _configs(args.configs, wbits, a8) or {}
+            gemv = _configs(args.configs, wbits, a8, planes) or {}
             if a8 and gemv and not any(c.a8 for c in gemv.values()):
                 print(f"passctl w{wbits} {variant}: skipped, the sweep found the float GEMV "
                       "faster for every projection")
@@ -356,11 +391,14 @@ def bench(args) -> int:
             label = ("fp16" if wbits == 16 else f"int{wbits} weight-only (RTN)") + f", {variant}"
             if a8:
                 label += " (int8 activations per block of 128)"
+            if planes:
+                label += " (code-plane GEMV)"
             try:
                 t0 = time.perf_counter()
                 dec = TritonDecoder(sd, cfg, max_length=max_length, wbits=wbits, gemv=gemv,
                                     inv_freq=model.model.rotary_emb.inv_freq,
-                                    fuse_attention=fused, pdl=pdl, act_int8=a8)
+                                    fuse_attention=fused, pdl=pdl, act_int8=a8,
+                                    layout="planes" if planes else "rows")
                 dec.prefill(ids)
                 dec.capture()
                 torch.cuda.synchronize()
@@ -428,11 +466,15 @@ def main(argv=None) -> int:
                    help="KV cache length (default: prompt + tokens rounded up to 64, as "
                         "transformers' static cache sizes it)")
     p.add_argument("--variants", nargs="+", default=["unfused", "fused", "fused-pdl"],
-                   choices=("unfused", "fused", "fused-pdl", "fused-a8", "fused-pdl-a8"),
+                   choices=("unfused", "fused", "fused-pdl", "fused-a8", "fused-pdl-a8",
+                            "fused-planes", "fused-pdl-planes"),
                    help="unfused: 7 kernels per layer (rotary and merge apart), no split-K; "
                         "fused: 5 per layer + split-K O / down; fused-pdl: and programmatic "
                         "dependent launch; -a8: int8 / int4 GEMVs with int8 activations "
-                        "(integer dot products; skipped for fp16)")
+                        "(integer dot products; skipped for fp16); -planes: int8 / int4 GEMVs "
+                        "over code-plane words (gemv_planes_kernel; skipped for fp16)")
+    p.add_argument("--layout", choices=("rows", "planes"), default="rows",
+                   help="sweep: the byte-row GEMVs (rows) or the code-plane one (planes)")
     p.add_argument("--a8", choices=("no", "only", "both"), default="no",
                    help="sweep: the float-dequantizing GEMV (no), the integer-dot one (only), "
                         "or both")

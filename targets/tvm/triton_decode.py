@@ -13,6 +13,14 @@ kernels are written for that regime:
 * :func:`gemv_a8_kernel`: the same GEMV for int8 / int4 weights with the input vector quantized
   to int8 per block of 128 at run time and integer tensor-core dot products (W8A8 / W4A8, as
   ONNX Runtime's MatMulNBits at accuracy_level 4), so no float work is spent per weight.
+* :func:`gemv_planes_kernel`: the int8 / int4 GEMV over weights packed in *code planes*
+  (:func:`passctl.targets.tvm.triton_decoder.pack_planes`): each int32 word holds 4 (int8) or 8
+  (int4) codes whose inputs are ``WG`` apart, so code ``i`` of every word in a tile multiplies one
+  contiguous slice of the input, and each weight is dequantized with one LOP3 and one FADD and
+  multiplied with one FFMA (no byte extraction, no per-weight scale: int4's group scale is applied
+  once per word). The tile's accumulators are one per word, not one per weight, so a program can
+  stream 16 KB tiles as the fp16 GEMV does. :func:`gemm_planes_kernel` is the prefill GEMM over
+  the same words (each code plane is a contiguous K range: one tensor-core dot per plane).
 * :func:`rotary_cache_kernel` applies rotary embedding (rotate-half, Su et al. 2021, as
   transformers' ``apply_rotary_pos_emb``) to Q and K at the current position and writes K and V
   into the static KV cache in place.
@@ -254,6 +262,147 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
         if WBITS == 8:
             y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
     _store_rows(out_ptr, res_ptr, rows, row_ok, y, HAS_RES, SPLIT_K)
+
+
+@triton.jit
+def gemv_planes_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
+                       N: tl.constexpr, K: tl.constexpr, EPS: tl.constexpr,
+                       WBITS: tl.constexpr, WG: tl.constexpr,
+                       PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr = 1,
+                       PDL: tl.constexpr = False):
+    """``out[n] = sum_k W[n, k] * x'[k] (+ res[n])`` for int8 / int4 weights in code planes.
+
+    Args:
+        w_ptr: int32 ``[N, K / P]`` with ``P = 32 / WBITS`` codes per word: ``K`` is cut into
+            plane blocks of ``P * WG`` inputs; in block ``b``, word ``j`` (``0 <= j < WG``)
+            holds in bits ``WBITS * i ..`` the code ``c = q + 2^(WBITS-1)`` (unsigned) of input
+            ``k = b * P * WG + i * WG + j``. :func:`~passctl.targets.tvm.triton_decoder.pack_planes`
+            writes this layout.
+        scale_ptr: float32; int8: ``[N]`` (one per output channel, ``W = q * scale[n]``); int4:
+            ``[N, K / (P * WG)]``, one per plane block (the quantization group, ``8 * WG``
+            inputs).
+        x_ptr, norm_ptr, res_ptr, out_ptr, EPS, PROLOGUE, HAS_RES, SPLIT_K, PDL: as in
+            :func:`gemv_kernel`.
+        BLOCK_K: inputs per program and iteration, a multiple of ``P * WG``.
+
+    The dequantization (the "magic number" trick of :func:`_biased_to_f32`, without shifting
+    the code down): for the code in bits ``s .. s + WBITS - 1`` (``s < 16``), OR-ing the masked
+    word into the mantissa of 2^23 gives the float ``2^23 + c * 2^s`` exactly, and subtracting
+    ``2^23 + 2^(WBITS-1) * 2^s`` leaves ``q * 2^s`` exactly; the input slice of that plane is
+    multiplied by ``2^-s`` (exact, a power of two) once per tile. The upper half of the word is
+    shifted down once. Per weight: LOP3, FADD, FFMA.
+    """
+    _pdl_enter(PDL)
+    P: tl.constexpr = 32 // WBITS
+    HALF_P: tl.constexpr = P // 2
+    PB: tl.constexpr = P * WG                     # inputs per plane block
+    NB: tl.constexpr = BLOCK_K // PB              # plane blocks per tile
+    tl.static_assert(NB * PB == BLOCK_K)
+    tl.static_assert(K % PB == 0)
+    MASK: tl.constexpr = (1 << WBITS) - 1
+    ZERO: tl.constexpr = 1 << (WBITS - 1)
+    KW: tl.constexpr = K // P                     # words per row
+    pid = tl.program_id(0)
+    KS: tl.constexpr = ((K + SPLIT_K - 1) // SPLIT_K + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    k_lo = tl.program_id(1) * KS
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    inv_rms = _inv_rms(x_ptr, K, EPS, BLOCK_K, PROLOGUE)
+    bi = tl.arange(0, NB)
+    jj = tl.arange(0, WG)
+    acc = tl.zeros((BLOCK_N, NB, WG), dtype=tl.float32)
+    for k0 in range(k_lo, k_lo + KS, BLOCK_K):
+        blk = k0 // PB + bi                                           # [NB]
+        widx = blk[:, None] * WG + jj[None, :]                        # [NB, WG]
+        w_ok = row_ok[:, None, None] & (widx < KW)[None, :, :]
+        w = tl.load(w_ptr + rows[:, None, None] * KW + widx[None, :, :], mask=w_ok,
+                    other=0).to(tl.uint32, bitcast=True)
+        part = tl.zeros((BLOCK_N, NB, WG), dtype=tl.float32)
+        for i in tl.static_range(P):
+            if i == HALF_P:
+                w = w >> 16
+            kk = blk[:, None] * PB + i * WG + jj[None, :]             # [NB, WG]
+            xv = _input(x_ptr, norm_ptr, kk, kk < K, inv_rms, K, PROLOGUE) \
+                * (1.0 / (1 << ((i % HALF_P) * WBITS)))
+            v = ((w & (MASK << ((i % HALF_P) * WBITS))) | 0x4B000000).to(tl.float32, bitcast=True) \
+                - (8388608.0 + ZERO * (1 << ((i % HALF_P) * WBITS)))
+            # masked-out words read 0: code 0 stands for -ZERO, but its input is masked to 0
+            part += v * xv[None, :, :]
+        if WBITS == 4:
+            sc = tl.load(scale_ptr + rows[:, None] * (K // PB) + blk[None, :],
+                         mask=row_ok[:, None] & (blk < K // PB)[None, :], other=0.0)
+            acc += part * sc[:, :, None]
+        else:
+            acc += part
+    y = tl.sum(tl.sum(acc, 2), 1)
+    if WBITS == 8:
+        y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
+    _store_rows(out_ptr, res_ptr, rows, row_ok, y, HAS_RES, SPLIT_K)
+
+
+@triton.jit
+def gemm_planes_kernel(a_ptr, w_ptr, scale_ptr, res_ptr, c_ptr,
+                       M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                       WBITS: tl.constexpr, WG: tl.constexpr, HAS_RES: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``C = A @ W^T (+ R)``: the prefill GEMM over int8 / int4 weights in code planes (the
+    layout of :func:`gemv_planes_kernel`), dequantized in registers, never in memory.
+
+    A: ``[M, K]`` row-major, fp16 / bf16; W: int32 code-plane words ``[N, K / P]`` with
+    ``scale_ptr`` as in :func:`gemv_planes_kernel`; R, C: ``[M, N]`` (C float32 or A's dtype; the
+    store casts). Code plane ``i`` of plane block ``b`` is the contiguous K range ``b * P * WG +
+    i * WG ..`` of ``WG`` inputs, so each plane is one ``[BLOCK_M, WG] x [WG, BLOCK_N]`` tensor-core
+    dot (``WG`` >= 16) with the codes converted to A's dtype (``q`` in [-128, 127] is exact in
+    fp16 / bf16) and float32 accumulation; int4's group scale multiplies each block's sum, int8's
+    per-channel scale the total. Program ids are grouped by ``GROUP_M`` as in
+    :func:`~passctl.targets.tvm.triton_kernels.gemm_kernel`.
+    """
+    P: tl.constexpr = 32 // WBITS
+    HALF_P: tl.constexpr = P // 2
+    PB: tl.constexpr = P * WG
+    KW: tl.constexpr = K // P
+    MASK: tl.constexpr = (1 << WBITS) - 1
+    ZERO: tl.constexpr = 1 << (WBITS - 1)
+    tl.static_assert(K % PB == 0)
+    pid = tl.program_id(0)
+    num_m: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
+    num_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    width: tl.constexpr = GROUP_M * num_n
+    group = pid // width
+    first_m = group * GROUP_M
+    rows = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % rows
+    pid_n = (pid % width) // rows
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    jj = tl.arange(0, WG)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for b in range(0, K // PB):
+        w = tl.load(w_ptr + offs_n[:, None] * KW + (b * WG + jj)[None, :], mask=n_ok[:, None],
+                    other=0).to(tl.uint32, bitcast=True)                       # [BLOCK_N, WG]
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for i in tl.static_range(P):
+            if i == HALF_P:
+                w = w >> 16
+            a = tl.load(a_ptr + offs_m[:, None] * K + (b * PB + i * WG + jj)[None, :],
+                        mask=m_ok[:, None], other=0.0)                         # [BLOCK_M, WG]
+            q = ((w >> ((i % HALF_P) * WBITS)) & MASK).to(tl.int32) - ZERO
+            part = tl.dot(a, tl.trans(q.to(a.dtype)), part)
+        if WBITS == 4:
+            sc = tl.load(scale_ptr + offs_n * (K // PB) + b, mask=n_ok, other=0.0)
+            acc += part * sc[None, :]
+        else:
+            acc += part
+    if WBITS == 8:
+        acc = acc * tl.load(scale_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    c_offs = offs_m[:, None] * N + offs_n[None, :]
+    ok = m_ok[:, None] & n_ok[None, :]
+    if HAS_RES:
+        acc += tl.load(res_ptr + c_offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(c_ptr + c_offs, acc.to(c_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -564,5 +713,6 @@ def argmax_kernel(logits_ptr, tok_ptr, pos_ptr, out_tokens_ptr, step_ptr,
 
 
 __all__ = ["argmax_kernel", "decode_attention_kernel", "decode_attention_reduce_kernel",
-           "embed_kernel", "gemv_kernel", "heads_to_rows_kernel", "rmsnorm_kernel",
+           "embed_kernel", "gemm_planes_kernel", "gemv_kernel", "gemv_planes_kernel", "heads_to_rows_kernel",
+           "rmsnorm_kernel",
            "rotary_cache_kernel", "silu_mul_kernel"]

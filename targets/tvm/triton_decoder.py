@@ -89,24 +89,81 @@ def dequantize(q, scale, bits: int, group: int = 128):
     return (vals.reshape(n, -1, group) * scale[:, :, None]).reshape(n, -1)
 
 
-class _Linear:
-    """One projection's device weight in the GEMV's format."""
+#: inputs per plane block of the int8 code-plane layout (int4's is its quantization group)
+PLANES_INT8_BLOCK = 128
 
-    def __init__(self, w, wbits: int, group: int):
+
+def codes_of(q, bits: int):
+    """The unsigned codes ``c = value + 2^(bits-1)`` (int32 ``[N, K]``) of :func:`quantize_rtn`'s
+    ``q`` (int8 ``[N, K]``, or int4 nibble pairs ``[N, K / 2]``)."""
+    import torch
+
+    if bits == 8:
+        return q.to(torch.int32) + 128
+    n = q.shape[0]
+    return torch.stack([(q & 15).to(torch.int32), (q >> 4).to(torch.int32)], 2).reshape(n, -1)
+
+
+def pack_planes(codes, bits: int, block: int):
+    """Unsigned codes ``[N, K]`` (int32, ``0 .. 2^bits - 1``) in the code-plane layout of
+    :func:`~passctl.targets.tvm.triton_decode.gemv_planes_kernel`: int32 ``[N, K / P]``, ``P =
+    32 / bits``; in each plane block of ``block`` inputs (``WG = block / P`` words), word ``j``
+    holds in bits ``bits * i ..`` the code of input ``i * WG + j`` of the block.
+
+    Raises:
+        ValueError: ``K`` is not a multiple of ``block``, or ``block`` not of ``P``.
+    """
+    import torch
+
+    n, k = codes.shape
+    per = 32 // bits
+    if k % block or block % per:
+        raise ValueError(f"K={k} is not a multiple of the plane block {block} (or the block of "
+                         f"{per} codes per word)")
+    wg = block // per
+    planes = codes.to(torch.int32).reshape(n, k // block, per, wg)
+    word = torch.zeros(n, k // block, wg, dtype=torch.int32, device=codes.device)
+    for i in range(per):
+        word |= planes[:, :, i, :] << (bits * i)
+    return word.reshape(n, k // per).contiguous()
+
+
+class _Linear:
+    """One projection's device weight in the GEMV's format.
+
+    ``layout``: ``rows`` (:func:`quantize_rtn`'s bytes, read by ``gemv_kernel`` /
+    ``gemv_a8_kernel``) or ``planes`` (int8 / int4 only: :func:`pack_planes`, read by
+    ``gemv_planes_kernel``; the same codes and scales)."""
+
+    def __init__(self, w, wbits: int, group: int, layout: str = "rows"):
         import torch
 
         self.n, self.k = int(w.shape[0]), int(w.shape[1])
         self.wbits, self.group = wbits, group
+        self.layout = layout if wbits != 16 else "rows"
         if wbits == 16:
             self.float_weight = w.contiguous()
             self.w, self.scale = self.float_weight, self.float_weight
             self.kernel_weight = self.w
         else:
             self.w, self.scale = quantize_rtn(w, wbits, group)
-            # gemv_kernel reads int8 through a uint8 view (see its docstring)
-            self.kernel_weight = self.w.view(torch.uint8)
-            # The prefill GEMMs read the same quantized weight, dequantized once.
-            self.float_weight = dequantize(self.w, self.scale, wbits, group).to(w.dtype)
+            if self.layout == "planes":
+                # decode and prefill (gemm_planes_kernel) read the same words: no float copy
+                block = group if wbits == 4 else next(
+                    (b for b in (PLANES_INT8_BLOCK, 64, 32) if self.k % b == 0), 4)
+                self.plane_words = block // (32 // wbits)
+                if self.plane_words < 16:  # the prefill GEMM's dot needs K >= 16 per plane
+                    raise ValueError(f"layout='planes' needs plane blocks of >= {16 * 32 // wbits} "
+                                     f"inputs (int4: group >= 128; int8: K a multiple of 64); "
+                                     f"K={self.k}, group={group}")
+                self.w = pack_planes(codes_of(self.w, wbits), wbits, block)
+                self.kernel_weight = self.w
+                self.float_weight = None
+            else:
+                # The prefill GEMMs read the same quantized weight, dequantized once.
+                self.float_weight = dequantize(self.w, self.scale, wbits, group).to(w.dtype)
+                # gemv_kernel reads int8 through a uint8 view (see its docstring)
+                self.kernel_weight = self.w.view(torch.uint8)
 
     @property
     def nbytes(self) -> int:
@@ -134,6 +191,9 @@ class TritonDecoder:
             per block of :data:`A8_BLOCK` at run time and multiply with integer dot products
             (``gemv_a8_kernel``; the scheme of ONNX Runtime's MatMulNBits at accuracy_level 4).
             Int4 needs ``group`` = :data:`A8_BLOCK`. The prefill is unchanged (float GEMMs).
+        layout: with ``wbits`` 8 or 4, ``rows`` (``gemv_kernel``'s bytes) or ``planes`` (the
+            code-plane words of :func:`pack_planes`, read by ``gemv_planes_kernel``; its tiles'
+            ``block_k`` must be a multiple of 128). Not with ``act_int8``.
 
     Raises:
         ValueError: the head size is not a power of two, or ``max_length`` is not a multiple
@@ -144,7 +204,7 @@ class TritonDecoder:
     def __init__(self, state: Dict, config, max_length: int, wbits: int = 16, group: int = 128,
                  gemv: Optional[Dict[str, GemvConfig]] = None, inv_freq=None,
                  fuse_attention: bool = True, pdl: bool = False, split: int = 64,
-                 act_int8: bool = False):
+                 act_int8: bool = False, layout: str = "rows"):
         import torch
 
         self.config = config
@@ -163,6 +223,9 @@ class TritonDecoder:
             raise ValueError(f"act_int8 needs int8 weights or int4 in groups of {A8_BLOCK} "
                              f"(got wbits={wbits}, group={group})")
         self.act_int8 = bool(act_int8)
+        if layout not in ("rows", "planes") or (layout == "planes" and act_int8):
+            raise ValueError(f"layout={layout!r}: use 'rows' or 'planes' (planes not with act_int8)")
+        self.layout = layout
         if pdl and not K.HAS_PDL:
             raise ValueError("this Triton has no grid dependency control (pdl=True needs >= 3.3)")
         self.pdl = bool(pdl)
@@ -187,11 +250,12 @@ class TritonDecoder:
             self.layers.append(dict(
                 attn_norm=get("input_layernorm.weight").float().contiguous(),
                 mlp_norm=get("post_attention_layernorm.weight").float().contiguous(),
-                qkv=_Linear(qkv, wbits, group), o=_Linear(get("self_attn.o_proj.weight"), wbits, group),
-                gate_up=_Linear(gate_up, wbits, group),
-                down=_Linear(get("mlp.down_proj.weight"), wbits, group)))
+                qkv=_Linear(qkv, wbits, group, layout),
+                o=_Linear(get("self_attn.o_proj.weight"), wbits, group, layout),
+                gate_up=_Linear(gate_up, wbits, group, layout),
+                down=_Linear(get("mlp.down_proj.weight"), wbits, group, layout)))
         self.final_norm = state["model.norm.weight"].float().contiguous()
-        self.lm_head = _Linear(head, wbits, group)
+        self.lm_head = _Linear(head, wbits, group, layout)
         if inv_freq is None:
             base = float(getattr(config, "rope_theta", None)
                          or (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
@@ -242,6 +306,14 @@ class TritonDecoder:
               pdl=False):
         split = cfg.split_k if (res is out and out.dtype == self.x.dtype) else 1
         grid = (triton_cdiv(lin.n, cfg.block_n), split)
+        if lin.layout == "planes":
+            K.gemv_planes_kernel[grid](
+                lin.kernel_weight, lin.scale, x, norm if norm is not None else x,
+                res if res is not None else out, out, N=lin.n, K=lin.k, EPS=self.eps,
+                WBITS=lin.wbits, WG=lin.plane_words, PROLOGUE=prologue, HAS_RES=res is not None,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
+                **cfg.launch_options(), **self._launch(pdl))
+            return
         kernel, block_k = K.gemv_kernel, cfg.block_k
         if self.act_int8 and cfg.a8:
             kernel, block_k = K.gemv_a8_kernel, A8_BLOCK
@@ -317,9 +389,17 @@ class TritonDecoder:
         K.embed_kernel[(S,)](toks, self.emb, x, K=self.hidden, BLOCK=1024, num_warps=4)
 
         def gemm(a, lin: _Linear, out, res=None):
-            w = lin.float_weight
             m, kk = a.shape
             bm = 16 if m <= 16 else (64 if m <= 128 else 128)
+            if lin.layout == "planes":  # dequantized in registers, one dot per code plane
+                bn = 128
+                K.gemm_planes_kernel[(triton_cdiv(m, bm) * triton_cdiv(lin.n, bn),)](
+                    a, lin.kernel_weight, lin.scale, res if res is not None else out, out,
+                    M=m, N=lin.n, K=kk, WBITS=lin.wbits, WG=lin.plane_words,
+                    HAS_RES=res is not None, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8,
+                    num_warps=4 if bm <= 64 else 8, num_stages=3)
+                return
+            w = lin.float_weight
             bn, bk = 128, 64
             grid = (triton_cdiv(m, bm) * triton_cdiv(lin.n, bn), 1)
             gemm_kernel[grid](a, w, out, res if res is not None else out, out,

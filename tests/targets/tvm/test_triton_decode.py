@@ -48,6 +48,26 @@ def test_integer_dot_gemv_matches_numpy_and_its_activation_rounding():
         assert 1e-4 < c["vs_float_input"] < 3e-2, c
 
 
+def test_code_plane_gemv_and_gemm_match_numpy_for_int8_int4_every_prologue_and_split():
+    """gemv_planes_kernel (LOP3 + FADD dequantization of codes in place, input slices scaled by
+    2^-shift) against numpy's float64 product with the weight read back from the packed words;
+    that weight equals quantize_rtn's (pack_planes moves codes, it does not change them)."""
+    everything = _run("gemv_planes")["cases"]
+    cases = [c for c in everything if not c.get("gemm")]
+    assert {(c["bits"], c["prologue"], c["split_k"]) for c in cases} == {
+        (b, p, s) for b in (8, 4) for p in (0, 1, 2) for s in (1, 2)}
+    for c in cases:
+        assert c["unpack_err"] < 1e-6, c
+        assert c["max_rel"] < 2e-6, c
+    # gemm_planes_kernel (the prefill GEMM over the same words, one dot per code plane) against
+    # numpy's float64 A @ W^T (+ residual)
+    gemms = [c for c in everything if c.get("gemm")]
+    assert {(c["bits"], c["has_res"]) for c in gemms} == {(b, r) for b in (8, 4)
+                                                          for r in (False, True)}
+    for c in gemms:
+        assert c["max_rel"] < 2e-6, c
+
+
 @pytest.mark.slow
 def test_decode_step_greedy_tokens_and_logits_equal_transformers():
     res = _run("generate")
@@ -56,3 +76,16 @@ def test_decode_step_greedy_tokens_and_logits_equal_transformers():
         assert r["tokens"] == r["ref_tokens"], name
         assert r["max_rel"] < 1e-5, (name, r["max_rel"])
         assert r["count_reset"] == 0, name  # the fused merge leaves its counters at zero
+
+
+@pytest.mark.slow
+def test_code_plane_decode_step_equals_transformers_on_the_same_quantized_weights():
+    """The decode step with int8 / int4 weights in code planes (gemv_planes_kernel in decode,
+    gemm_planes_kernel in prefill, no float copy of any weight) against transformers' fp32 Llama
+    holding quantize_rtn's dequantized weights: every teacher-forced step's logits."""
+    res = _run("generate_planes")
+    assert set(res) == {"int8-planes", "int4-planes"}
+    for name, r in res.items():
+        assert r["tokens"] == r["ref_tokens"], name
+        assert r["max_rel"] < 1e-5, (name, r["max_rel"])
+        assert r["float_copies"] == 0, name

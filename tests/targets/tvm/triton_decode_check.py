@@ -4,6 +4,8 @@ decode kernels of ``passctl.targets.tvm.triton_decode`` against independent refe
     python triton_decode_check.py generate   # tiny Llama: greedy tokens + teacher-forced logits
     python triton_decode_check.py gemv       # GEMV fp32 / int8 / int4, every prologue, split-K
     python triton_decode_check.py gemv_a8    # the integer-dot GEMV (int8 activations)
+    python triton_decode_check.py gemv_planes  # the code-plane GEMV and GEMM (int8 / int4)
+    python triton_decode_check.py generate_planes  # tiny Llama, int8 / int4 code planes
 
 Prints one JSON object on stdout.
 """
@@ -55,6 +57,57 @@ def generate() -> dict:
             out[f"{name}-{'fused' if fused else 'unfused'}"] = dict(
                 tokens=toks, ref_tokens=ref_tokens, max_rel=worst,
                 count_reset=int(dec.count.abs().sum()))
+    return out
+
+
+def generate_planes() -> dict:
+    """Greedy tokens and teacher-forced logits of the decode step with int8 / int4 weights in code
+    planes (decode GEMV and prefill GEMM both read the packed words) against transformers' fp32
+    Llama whose projections hold the same quantized weights, dequantized (quantize_rtn's)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from passctl.targets.tvm.triton_decoder import (GemvConfig, TritonDecoder, dequantize,
+                                                    quantize_rtn)
+
+    out = {}
+    for bits in (8, 4):
+        torch.manual_seed(0)
+        cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
+                          max_position_embeddings=128, rms_norm_eps=1e-5)
+        cfg._attn_implementation = "eager"
+        model = LlamaForCausalLM(cfg).eval()
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        with torch.no_grad():  # the reference holds the weights the artifact stands for
+            for name, p in model.named_parameters():
+                if p.dim() == 2 and "embed_tokens" not in name:
+                    q, sc = quantize_rtn(p.detach(), bits, 128)
+                    p.copy_(dequantize(q, sc, bits, 128))
+        prompt = torch.tensor([[5, 17, 3, 42, 8, 64, 1]])
+        n_new = 6
+        with torch.no_grad():
+            ref = model.generate(prompt, max_new_tokens=n_new, min_new_tokens=n_new,
+                                 do_sample=False, pad_token_id=0)
+            ref_logits = model(ref).logits[0]
+        ref_tokens = ref[0, prompt.shape[1]:].tolist()
+        gemv = {name: GemvConfig(8, 256, 1) for name in ("qkv", "gate_up", "lm_head")}
+        gemv.update(o=GemvConfig(8, 128, 1, split_k=1), down=GemvConfig(8, 128, 1, split_k=2))
+        dec = TritonDecoder(sd, cfg, max_length=32, split=8, wbits=bits, group=128, gemv=gemv,
+                            layout="planes", inv_freq=model.model.rotary_emb.inv_freq)
+        toks = dec.generate(prompt[0].tolist(), n_new)
+        dec.prefill(prompt[0].tolist())
+        worst = 0.0
+        for j in range(n_new):
+            r = ref_logits[prompt.shape[1] - 1 + j]
+            worst = max(worst, float((dec.logits - r).abs().max() / r.abs().max()))
+            if j + 1 < n_new:
+                dec.tok.fill_(ref_tokens[j])
+                dec.decode_step()
+        out[f"int{bits}-planes"] = dict(tokens=toks, ref_tokens=ref_tokens, max_rel=worst,
+                                        float_copies=sum(lin.float_weight is not None
+                                                         for layer in dec.layers
+                                                         for lin in layer.values()
+                                                         if hasattr(lin, "float_weight")))
     return out
 
 
@@ -147,5 +200,55 @@ def gemv_a8() -> dict:
     return dict(cases=results)
 
 
+def gemv_planes() -> dict:
+    from passctl.targets.tvm import triton_decode as K
+    from passctl.targets.tvm.triton_decoder import (PLANES_INT8_BLOCK, codes_of, dequantize,
+                                                    pack_planes, quantize_rtn, triton_cdiv)
+
+    n, k, eps, group = 40, 384, 1e-6, 64
+    w, x, gain, res0, inputs = _gemv_case(2, n, k, eps, zeros=[5])
+    results = []
+    for bits in (8, 4):
+        wq, scale = quantize_rtn(w, bits, group)
+        block = PLANES_INT8_BLOCK if bits == 8 else group
+        words = pack_planes(codes_of(wq, bits), bits, block)
+        # numpy's reading of the packed words: code i of word j of block b is input
+        # b * block + i * WG + j; value = code - 2^(bits - 1)
+        per, wg = 32 // bits, block // (32 // bits)
+        u = words.numpy().view(np.uint32).reshape(n, k // block, 1, wg)
+        codes = (u >> (bits * np.arange(per, dtype=np.uint32)[None, None, :, None])) \
+            & ((1 << bits) - 1)
+        vals = codes.reshape(n, k).astype(np.int64) - (1 << (bits - 1))
+        sc = scale.numpy().astype(np.float64)
+        wref = vals * sc[:, None] if bits == 8 else \
+            (vals.reshape(n, k // group, group) * sc[:, :, None]).reshape(n, k)
+        # the words hold the weight quantize_rtn's bytes stand for, every input in its place
+        unpack_err = float(np.abs(wref - dequantize(wq, scale, bits, group).numpy()).max())
+        for prologue in (0, 1, 2):
+            for split in (1, 2):
+                for bk in (block, 2 * block):
+                    out = res0.clone()
+                    K.gemv_planes_kernel[(triton_cdiv(n, 16), split)](
+                        words, scale, x, gain, out, out, N=n, K=k, EPS=eps, WBITS=bits, WG=wg,
+                        PROLOGUE=prologue, HAS_RES=True, BLOCK_N=16, BLOCK_K=bk, SPLIT_K=split)
+                    ref = wref @ inputs[prologue] + res0.numpy()
+                    results.append(dict(bits=bits, prologue=prologue, split_k=split, block_k=bk,
+                                        unpack_err=unpack_err, max_rel=float(np.abs(out.numpy() - ref).max()
+                                                      / np.abs(ref).max())))
+        # the prefill GEMM over the same words: 5 rows of float32 activations, plus a residual
+        a = torch.tensor(np.random.default_rng(3).standard_normal((5, k)), dtype=torch.float32)
+        res = torch.tensor(np.random.default_rng(4).standard_normal((5, n)), dtype=torch.float32)
+        for has_res in (False, True):
+            c = torch.full((5, n), float("nan"))
+            K.gemm_planes_kernel[(triton_cdiv(5, 16) * triton_cdiv(n, 16),)](
+                a, words, scale, res, c, M=5, N=n, K=k, WBITS=bits, WG=wg, HAS_RES=has_res,
+                BLOCK_M=16, BLOCK_N=16, GROUP_M=2)
+            ref = a.numpy().astype(np.float64) @ wref.T + (res.numpy() if has_res else 0.0)
+            results.append(dict(bits=bits, gemm=True, has_res=has_res,
+                                max_rel=float(np.abs(c.numpy() - ref).max() / np.abs(ref).max())))
+    return dict(cases=results)
+
+
 if __name__ == "__main__":
-    print(json.dumps({"generate": generate, "gemv": gemv, "gemv_a8": gemv_a8}[sys.argv[1]]()))
+    print(json.dumps({"generate": generate, "gemv": gemv, "gemv_a8": gemv_a8,
+                      "gemv_planes": gemv_planes, "generate_planes": generate_planes}[sys.argv[1]]()))
