@@ -166,7 +166,8 @@ def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False, p
         w, s = ws[i % copies]
         if planes:
             K.gemv_planes_kernel[(triton_cdiv(n, cfg.block_n), split)](
-                w, s, x, g, out, out, N=n, K=k, EPS=1e-6, WBITS=wbits, WG=128 // (32 // wbits),
+                w, s, x, g, out, out, K.PLANES_MAGIC, N=n, K=k, EPS=1e-6, WBITS=wbits,
+                WG=128 // (32 // wbits),
                 PROLOGUE=prologue, HAS_RES=split > 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                 SPLIT_K=split, **cfg.launch_options())
             return
@@ -207,7 +208,7 @@ def _planes(ws, wbits):
 def _grid(wbits, name, a8=False, planes=False):
     splits = (1, 2, 4) if name in ("o", "down") else (1,)
     if planes:  # K tiles of whole plane blocks (128 inputs); 16 KB tiles are the fp16 kernel's
-        bks = (512, 1024) if wbits == 8 else (512, 1024, 2048)
+        bks = (512, 1024) if wbits == 8 else (1024, 2048)
         bns = (8, 16, 32) if name in ("o", "down") else (16, 32, 64)
         return [GemvConfig(bn, bk, nw, sk) for bn in bns for bk in bks for nw in (4, 8)
                 for sk in splits]

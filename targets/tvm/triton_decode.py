@@ -264,8 +264,12 @@ def gemv_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
     _store_rows(out_ptr, res_ptr, rows, row_ok, y, HAS_RES, SPLIT_K)
 
 
+#: the bits of the float 2^23, ``gemv_planes_kernel``'s ``magic`` argument
+PLANES_MAGIC = 0x4B000000
+
+
 @triton.jit
-def gemv_planes_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
+def gemv_planes_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr, magic,
                        N: tl.constexpr, K: tl.constexpr, EPS: tl.constexpr,
                        WBITS: tl.constexpr, WG: tl.constexpr,
                        PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
@@ -284,7 +288,13 @@ def gemv_planes_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
             inputs).
         x_ptr, norm_ptr, res_ptr, out_ptr, EPS, PROLOGUE, HAS_RES, SPLIT_K, PDL: as in
             :func:`gemv_kernel`.
+        magic: the int32 ``0x4B000000`` (the bits of 2^23; :data:`PLANES_MAGIC`), passed at run
+            time so that it sits in a register: with the mask an immediate, ``(w & mask) | magic``
+            is then one LOP3 (two immediates take two).
         BLOCK_K: inputs per program and iteration, a multiple of ``P * WG``.
+
+    The next tile's words are loaded before the current one is dequantized (software
+    pipelining by hand: the loads of one iteration overlap the arithmetic of the previous).
 
     The dequantization (the "magic number" trick of :func:`_biased_to_f32`, without shifting
     the code down): for the code in bits ``s .. s + WBITS - 1`` (``s < 16``), OR-ing the masked
@@ -312,12 +322,17 @@ def gemv_planes_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
     bi = tl.arange(0, NB)
     jj = tl.arange(0, WG)
     acc = tl.zeros((BLOCK_N, NB, WG), dtype=tl.float32)
+    w_rows = w_ptr + rows[:, None, None] * KW
+    widx = (k_lo // PB + bi)[:, None] * WG + jj[None, :]                # [NB, WG]
+    w_next = tl.load(w_rows + widx[None, :, :],
+                     mask=row_ok[:, None, None] & (widx < KW)[None, :, :], other=0)
     for k0 in range(k_lo, k_lo + KS, BLOCK_K):
         blk = k0 // PB + bi                                           # [NB]
-        widx = blk[:, None] * WG + jj[None, :]                        # [NB, WG]
-        w_ok = row_ok[:, None, None] & (widx < KW)[None, :, :]
-        w = tl.load(w_ptr + rows[:, None, None] * KW + widx[None, :, :], mask=w_ok,
-                    other=0).to(tl.uint32, bitcast=True)
+        w = w_next.to(tl.uint32, bitcast=True)
+        widx = (blk + NB)[:, None] * WG + jj[None, :]                 # the next tile's words
+        w_next = tl.load(w_rows + widx[None, :, :],
+                         mask=row_ok[:, None, None] & (widx < KW)[None, :, :]
+                         & (k0 + BLOCK_K < k_lo + KS), other=0)
         part = tl.zeros((BLOCK_N, NB, WG), dtype=tl.float32)
         for i in tl.static_range(P):
             if i == HALF_P:
@@ -325,7 +340,7 @@ def gemv_planes_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
             kk = blk[:, None] * PB + i * WG + jj[None, :]             # [NB, WG]
             xv = _input(x_ptr, norm_ptr, kk, kk < K, inv_rms, K, PROLOGUE) \
                 * (1.0 / (1 << ((i % HALF_P) * WBITS)))
-            v = ((w & (MASK << ((i % HALF_P) * WBITS))) | 0x4B000000).to(tl.float32, bitcast=True) \
+            v = ((w & (MASK << ((i % HALF_P) * WBITS))) | magic).to(tl.float32, bitcast=True) \
                 - (8388608.0 + ZERO * (1 << ((i % HALF_P) * WBITS)))
             # masked-out words read 0: code 0 stands for -ZERO, but its input is masked to 0
             part += v * xv[None, :, :]

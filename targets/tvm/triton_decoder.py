@@ -309,7 +309,7 @@ class TritonDecoder:
         if lin.layout == "planes":
             K.gemv_planes_kernel[grid](
                 lin.kernel_weight, lin.scale, x, norm if norm is not None else x,
-                res if res is not None else out, out, N=lin.n, K=lin.k, EPS=self.eps,
+                res if res is not None else out, out, K.PLANES_MAGIC, N=lin.n, K=lin.k, EPS=self.eps,
                 WBITS=lin.wbits, WG=lin.plane_words, PROLOGUE=prologue, HAS_RES=res is not None,
                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
                 **cfg.launch_options(), **self._launch(pdl))

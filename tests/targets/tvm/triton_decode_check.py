@@ -229,7 +229,8 @@ def gemv_planes() -> dict:
                 for bk in (block, 2 * block):
                     out = res0.clone()
                     K.gemv_planes_kernel[(triton_cdiv(n, 16), split)](
-                        words, scale, x, gain, out, out, N=n, K=k, EPS=eps, WBITS=bits, WG=wg,
+                        words, scale, x, gain, out, out, K.PLANES_MAGIC, N=n, K=k, EPS=eps,
+                        WBITS=bits, WG=wg,
                         PROLOGUE=prologue, HAS_RES=True, BLOCK_N=16, BLOCK_K=bk, SPLIT_K=split)
                     ref = wref @ inputs[prologue] + res0.numpy()
                     results.append(dict(bits=bits, prologue=prologue, split_k=split, block_k=bk,
