@@ -3,6 +3,8 @@ the in-process ``cli`` runner."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,3 +50,22 @@ def cli(capsys):
         return CliResult(rc, captured.out, captured.err)
 
     return run
+
+
+_crash_numbers = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _crash_reproducers_under_pytest_tmp(monkeypatch, tmp_path_factory):
+    """A crash reproducer written without ``--reproducer-dir`` goes under pytest's temporary
+    folder (removed with it) instead of a new ``passctl-crash-*`` folder in the system temp
+    folder, which every full run used to leave behind."""
+    from passctl.tools import instrument_setup, reproducer
+
+    root = tmp_path_factory.getbasetemp() / "crash-reproducers"
+
+    def default_dir() -> str:
+        return str(root / f"passctl-crash-{os.getpid()}-{next(_crash_numbers)}")
+
+    monkeypatch.setattr(reproducer, "default_reproducer_dir", default_dir)
+    monkeypatch.setattr(instrument_setup, "default_reproducer_dir", default_dir)
