@@ -48,6 +48,8 @@ _builtin_modules: List[str] = [
     # Rotary embedding as one canonical op (issue 17).
     "passctl.passes.attention.fuse_rotary",
     "passctl.passes.attention.lower_rotary",
+    "passctl.passes.attention.fuse_past",
+    "passctl.passes.attention.lower_past",
     # Layer-wise mixed precision (issue 8, H13).
     "passctl.passes.precision.amp",
     "passctl.passes.quantize.quantize_int8",

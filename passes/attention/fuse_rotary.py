@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
-import onnx
 
 from passctl.dialect.canonical import DOMAIN, VERSION, ensure_opset
 from passctl.dialect.rotary import OP_TYPE
 from passctl.ir import Builder, Graph, Model, Node, Value
+from passctl.passes.attention.cone import run_subgraph, subgraph_model
 from passctl.passes.base import Pass, PassResult
-from passctl.passes.common.constants import attr_to_proto, constant_array, constant_tensor, tensor_to_proto
+from passctl.passes.common.constants import constant_array, constant_tensor
 from passctl.passes.registry import register_pass
 
 logger = logging.getLogger(__name__)
@@ -337,27 +337,7 @@ def _cone(c: Value, s: Value):
 
 def _evaluate(model: Model, cone: List[Node], positions: Value, outputs, ids: np.ndarray):
     """Run the nodes of ``cone`` in ONNX Runtime with ``positions`` = ``ids``; the ``outputs``."""
-    from passctl.support.check import cpu_session
-
-    inits, protos, done = [], [], set()
-    for node in cone:
-        for v in node.inputs:
-            t = constant_tensor(v) if v is not None and v.producer is None else None
-            if t is not None and v.name not in done:
-                done.add(v.name)
-                inits.append(tensor_to_proto(t, v.name))
-        proto = onnx.helper.make_node(node.op_type, [v.name if v is not None else "" for v in node.inputs],
-                                      [v.name for v in node.outputs], domain=node.domain)
-        proto.attribute.extend(attr_to_proto(a) for a in node.attributes.values())
-        protos.append(proto)
-    graph = onnx.helper.make_graph(
-        protos, "rotary_tables",
-        [onnx.helper.make_tensor_value_info(positions.name, onnx.TensorProto.INT64, [None, None])],
-        [onnx.ValueInfoProto(name=v.name) for v in outputs], inits)
-    opsets = [onnx.helper.make_opsetid(k, v) for k, v in model.opset_imports.items()]
-    proto = onnx.helper.make_model(graph, opset_imports=opsets, ir_version=10)
-    session = cpu_session(proto.SerializeToString(), optimize=False, threads=1)
-    return [np.asarray(a) for a in session.run(None, {positions.name: ids})]
+    return run_subgraph(subgraph_model(model, cone, [positions], outputs), {positions.name: ids})
 
 
 __all__ = ["FuseRotary"]

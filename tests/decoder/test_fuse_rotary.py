@@ -11,7 +11,7 @@ import onnx
 import pytest
 import torch
 
-from decoder_helpers import export_past_decoder, past_decoder_feeds, tiny_model
+from decoder_helpers import past_decoder_feeds
 from passctl.ir import load
 from passctl.ir.onnx_export import to_onnx
 from passctl.passes.registry import get_pass
@@ -34,15 +34,6 @@ def _rewrite(path, pipeline, **options):
 
 def _ops(model):
     return [(n.domain, n.op_type) for n in to_onnx(model).graph.node]
-
-
-@pytest.fixture(scope="module", params=["llama", "mqa"])
-def past_decoder(request, tmp_path_factory):
-    """(transformers model, exported Optimum-layout decoder.onnx) for GQA (4 heads, 2 KV heads)
-    and MQA (1 KV head)."""
-    model = tiny_model(request.param, seed=3)
-    path = tmp_path_factory.mktemp(request.param) / "decoder.onnx"
-    return model, export_past_decoder(model, str(path))
 
 
 PIPE = ["infer-shapes", "fuse-rotary", "dce"]
