@@ -383,7 +383,8 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None,
 
             manifest.update(layout=LAYOUT, model="model.onnx", max_length=max_length)
         else:
-            logger.warning("%s: kept as it is (no static cache): %s", path, refused)
+            if static:
+                logger.warning("%s: kept as it is (no static cache): %s", path, refused)
             manifest["static_kv_refused"] = refused
         if os.path.isfile(tok):
             os.makedirs(os.path.join(tmp, "tokenizer"))

@@ -39,7 +39,8 @@ def to_static_kv(model: Model, max_length: int, name: str = "model") -> Dict[str
     P = total - S), which the graph then computes; every ``passctl::Attention`` with past becomes
     ``com.microsoft::GroupQueryAttention`` with the cache ``[batch, kv, max_length, head_dim]``
     (past and present one buffer, written at rows P .. P+S-1; its causal mask replaces the
-    model's, which fuse-attention-past proved equal for an all-ones attention_mask); the cache's
+    model's, which fuse-attention-past proved equal for an all-ones attention_mask; the rotary of
+    Q and K moves into it as ``do_rotary`` with the folded cos/sin caches); the cache's
     other readers must be ``Shape`` nodes, which then read P; ``logits`` keeps the last position
     ([batch, 1, vocab]); metadata ``passctl.layout`` / ``passctl.max_length``; canonical ops left
     are lowered for ONNX Runtime.
@@ -97,7 +98,7 @@ def to_static_kv(model: Model, max_length: int, name: str = "model") -> Dict[str
             g.remove_input(inputs[key])
     heads_done = set()
     for layer, node in attn.items():
-        _attention(g, node, seqlens, total, max_length, heads_done)
+        _attention(g, node, seqlens, total, max_length, heads_done, pos)
     for layer in layers:
         for kind in ("key", "value"):
             _shape_readers(g, inputs[f"past_key_values.{layer}.{kind}"], past_len, name)
@@ -115,9 +116,31 @@ def _why(stats: Dict[str, dict], name: str) -> str:
     return "; ".join(stats.get(name, {}).get("unfused", [])) or "no Concat(past, new) found"
 
 
-def _attention(g, node: Node, seqlens: Value, total: Value, max_length: int, done: set) -> None:
-    """``node`` (passctl::Attention with past) -> GroupQueryAttention on the shared cache."""
+def _rotary_pair(q: Value, k: Value, pos: Value) -> Optional[Tuple[Value, Value, Node]]:
+    """(Q and K before rotary, Q's rotary node) when both come from ``passctl::RotaryEmbedding``
+    of the same caches at the positions the static layout computes (GroupQueryAttention's own
+    rotary then applies it, at positions seqlens_k - S + 1 .. seqlens_k = P .. P + S - 1)."""
+    rq, rk = q.producer, k.producer
+    if any(r is None or r.domain != DOMAIN or r.op_type != "RotaryEmbedding" for r in (rq, rk)):
+        return None
+    if rq.inputs[1:4] != rk.inputs[1:4] or rq.inputs[1] is not pos or any(
+            int(r.attr("rotary_embedding_dim", 0) or 0) for r in (rq, rk)) or \
+            int(rq.attr("interleaved", 0)) != int(rk.attr("interleaved", 0)):
+        return None
+    return rq.inputs[0], rk.inputs[0], rq
+
+
+def _attention(g, node: Node, seqlens: Value, total: Value, max_length: int, done: set,
+               pos: Value) -> None:
+    """``node`` (passctl::Attention with past) -> GroupQueryAttention on the shared cache (with
+    ``do_rotary`` when rotary feeds Q and K: :func:`_rotary_pair`)."""
     q, k, v, _, past_k, past_v = node.inputs[:6]
+    rotary = _rotary_pair(q, k, pos)
+    extra, attrs = [], {}
+    if rotary is not None:
+        q, k, rq = rotary
+        extra = [rq.inputs[2], rq.inputs[3]]
+        attrs = {"do_rotary": 1, "rotary_interleaved": int(rq.attr("interleaved", 0))}
     heads, kv_heads = int(node.attr("num_heads")), int(node.attr("kv_num_heads"))
     hd = past_k.shape[3]
     for past in (past_k, past_v):
@@ -128,8 +151,9 @@ def _attention(g, node: Node, seqlens: Value, total: Value, max_length: int, don
     flat = [b.op("Reshape", b.op("Transpose", x, perm=[0, 2, 1, 3]),
                  g.add_constant(np.array([0, 0, h * hd], np.int64), "static_kv_bsd"))
             for x, h in ((q, heads), (k, kv_heads), (v, kv_heads))]
-    y, pk, pv = b.op("GroupQueryAttention", *flat, past_k, past_v, seqlens, total, domain=MS_DOMAIN,
-                     outputs=3, num_heads=heads, kv_num_heads=kv_heads, scale=float(node.attr("scale")))
+    y, pk, pv = b.op("GroupQueryAttention", *flat, past_k, past_v, seqlens, total, *extra,
+                     domain=MS_DOMAIN, outputs=3, num_heads=heads, kv_num_heads=kv_heads,
+                     scale=float(node.attr("scale")), **attrs)
     y4 = b.op("Transpose", b.op("Reshape", y, g.add_constant(np.array([0, 0, heads, hd], np.int64),
                                                             "static_kv_bshd")), perm=[0, 2, 1, 3])
     y4.type = node.outputs[0].type

@@ -22,7 +22,7 @@ def _greedy(model, prompt, n):
 
 
 def test_user_onnx_gets_the_static_cache_and_transformers_tokens(past_decoder, cli, tmp_path):
-    """The artifact has passctl's layout (GroupQueryAttention per layer on [batch, kv, M, hd]
+    """The artifact has passctl's layout (GroupQueryAttention with do_rotary per layer on [batch, kv, M, hd]
     caches, no attention_mask / position_ids inputs, logits of the last position), its check
     error is recorded, and 24 greedy tokens equal transformers' generate; the same tokens as the
     original run as it is (--keep-layout)."""
@@ -34,8 +34,12 @@ def test_user_onnx_gets_the_static_cache_and_transformers_tokens(past_decoder, c
     assert manifest["check_error"] < 1e-4
     graph = onnx.load(str(tmp_path / "static" / "model.onnx")).graph
     layers = model.config.num_hidden_layers
-    assert sum(n.op_type == "GroupQueryAttention" for n in graph.node) == layers
-    assert sum(n.op_type == "RotaryEmbedding" for n in graph.node) == 2 * layers
+    gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == layers
+    # the recognized rotary moved into the kernel (do_rotary with the folded caches of M rows)
+    assert all(onnx.helper.get_attribute_value(a) == 1 for n in gqa for a in n.attribute
+               if a.name == "do_rotary") and all(len(n.input) == 9 for n in gqa)
+    assert not any(n.op_type == "RotaryEmbedding" for n in graph.node)
     assert {i.name for i in graph.input} >= {"seqlens_k", "total_sequence_length"}
     assert not {"attention_mask", "position_ids"} & {i.name for i in graph.input}
     cache = [d.dim_value or d.dim_param for d in graph.input[1].type.tensor_type.shape.dim]
