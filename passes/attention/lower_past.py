@@ -46,6 +46,8 @@ def group_query_attention_past(ctx: LowerContext, node: Node) -> Optional[Tuple[
     heads, kv_heads = int(node.attr("num_heads")), int(node.attr("kv_num_heads"))
     if not int(node.attr("is_causal", 0)):
         return ctx.refuse("not proven causal (the kernel always is)")
+    if ctx.opset < 15:
+        return ctx.refuse("opset below 15 (Shape with start/end)")
     if q.dtype is None or q.dtype.name not in KERNEL_DTYPES:
         return ctx.refuse(f"element type {q.dtype.name if q.dtype else 'unknown'}")
     if heads % kv_heads:

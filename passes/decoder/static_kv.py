@@ -53,6 +53,9 @@ def to_static_kv(model: Model, max_length: int, name: str = "model") -> Dict[str
             the cache inside, a mask not proven causal, the cache read by other ops); ``model``
             may then be partly rewritten (the caller works on its own copy).
     """
+    if model.opset < 15:
+        raise UserError(f"{name}: opset {model.opset} is below 15; export the decoder with opset "
+                        ">= 15 (torch.onnx.export(..., opset_version=18))")
     stats = _run(model, FUSE_PIPELINE, **{"fuse-rotary": {"max_positions": max_length}})
     g = model.graph
     inputs = {v.name: v for v in g.inputs}

@@ -233,3 +233,44 @@ def test_opt_runs_fuse_rotary_from_the_command_line(cli, tmp_path):
     bad = cli("opt", path, "-p", "fuse-rotary{max_positions=many}")
     assert bad.rc == 2 and len(bad.err.strip().splitlines()) == 1 and "max_positions" in bad.err
     assert onnx.load(path)  # the input file is untouched
+
+
+@pytest.mark.parametrize("lower,opset,kind", [
+    ("lower-onnxruntime", 23, ("com.microsoft", "RotaryEmbedding")),
+    ("lower-standard", 23, ("", "RotaryEmbedding")),
+    ("lower-standard", 18, ("", "Gather")),  # decomposed, with the pass-through part
+])
+def test_partial_rotary_from_onnx_23_lowers_to_every_form(tmp_path, lower, opset, kind):
+    """ONNX RotaryEmbedding-23 with rotary_embedding_dim 4 of head size 8 and cos/sin computed
+    from position_ids (rule 3): one canonical op keeping the partial dim, and each lowering gives
+    ONNX Runtime's result on the original graph (opset 18: the canonical graph re-declared at
+    opset 18, so only the decomposed form applies)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inv = numpy_helper.from_array(np.array([1.0, 0.01], np.float32), "inv")
+    axis = numpy_helper.from_array(np.array([2], np.int64), "axis")
+    nodes = [helper.make_node("Unsqueeze", ["position_ids", "axis"], ["pu"]),
+             helper.make_node("Cast", ["pu"], ["pf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["pf", "inv"], ["f"]),
+             helper.make_node("Cos", ["f"], ["c"]), helper.make_node("Sin", ["f"], ["s"]),
+             helper.make_node("RotaryEmbedding", ["x", "c", "s"], ["y"], rotary_embedding_dim=4)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, "S", 8]),
+                     helper.make_tensor_value_info("position_ids", TensorProto.INT64, [2, "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, "S", 8])], [inv, axis])
+    path = tmp_path / "partial.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)]), str(path))
+    model, stats = _rewrite(path, PIPE, **{"fuse-rotary": {"max_positions": 16}})
+    assert stats["fuse-rotary"]["onnx-23"] == 1
+    (node,) = [n for n in model.graph if n.domain == "passctl"]
+    assert node.attr("rotary_embedding_dim") == 4
+    model.opset_imports[""] = opset
+    get_pass(lower)().run(model)
+    assert kind in _ops(model)
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((2, 3, 5, 8)).astype(np.float32),
+             "position_ids": rng.integers(0, 16, (2, 5)).astype(np.int64)}
+    ref = run_onnxruntime(str(path), feeds)["y"]
+    got = run_onnxruntime(to_onnx(model), feeds)["y"]
+    assert _rel(got, ref) < 1e-6
+    np.testing.assert_array_equal(got[..., 4:], feeds["x"][..., 4:])  # the pass-through part
