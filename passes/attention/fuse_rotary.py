@@ -58,7 +58,7 @@ class FuseRotary(Pass):
     ``dce``. Positions at or beyond ``max_positions`` are out of the caches' range (the lowered
     kernels refuse them): set ``max_positions`` to the longest sequence the model will see.
 
-    Statistics: ``rotate-half``, ``interleaved``, ``fused`` (their sum), ``unfused``.
+    Statistics: ``rotate-half``, ``interleaved``, ``onnx-23``, ``fused`` (their sum), ``unfused``.
     """
 
     name = "fuse-rotary"

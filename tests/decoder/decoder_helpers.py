@@ -60,17 +60,18 @@ def word_tokenizer():
 
 
 def export_past_decoder(model, path: str, opset: int = 18) -> str:
-    """``model`` (2 layers, from :func:`tiny_model`) exported by the dynamo exporter in the Optimum
+    """``model`` (a Llama-family ``*ForCausalLM``) exported by the dynamo exporter in the Optimum
     / onnxruntime-genai layout: ``input_ids``, ``attention_mask``, ``position_ids``,
     ``past_key_values.N.key/value`` [batch, kv_heads, past, head_dim] -> ``logits``,
-    ``present.N.key/value``; eager attention (Q.K^T, mask, Softmax, P.V as separate ops)."""
+    ``present.N.key/value``; eager attention (Q.K^T, mask, Softmax, P.V as separate ops); weights
+    in ``path``.data when the model is large."""
     import warnings
 
     import torch
     import transformers
 
     cfg = model.config
-    assert cfg.num_hidden_layers == 2, "the wrapper's signature has two layers"
+    layers = cfg.num_hidden_layers
     model.config._attn_implementation = "eager"
 
     class PastDecoder(torch.nn.Module):
@@ -78,34 +79,38 @@ def export_past_decoder(model, path: str, opset: int = 18) -> str:
             super().__init__()
             self.m = model
 
-        def forward(self, input_ids, attention_mask, position_ids, k0, v0, k1, v1):
+        def forward(self, input_ids, attention_mask, position_ids, past):
             cache = transformers.DynamicCache(config=cfg)
-            cache.update(k0, v0, 0)
-            cache.update(k1, v1, 1)
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
             out = self.m(input_ids=input_ids, attention_mask=attention_mask,
                          position_ids=position_ids, past_key_values=cache, use_cache=True)
-            layers = out.past_key_values.layers
-            return (out.logits, layers[0].keys, layers[0].values, layers[1].keys, layers[1].values)
+            present = []
+            for layer in out.past_key_values.layers:
+                present += [layer.keys, layer.values]
+            return (out.logits, *present)
 
     kv = cfg.num_key_value_heads
     hd = cfg.hidden_size // cfg.num_attention_heads
     past, seq = 4, 3
-    args = (torch.randint(0, VOCAB, (1, seq)), torch.ones(1, past + seq, dtype=torch.int64),
-            torch.arange(past, past + seq)[None]) + tuple(torch.randn(1, kv, past, hd) for _ in range(4))
+    args = (torch.randint(0, 2, (1, seq)), torch.ones(1, past + seq, dtype=torch.int64),
+            torch.arange(past, past + seq)[None],
+            tuple(torch.randn(1, kv, past, hd) for _ in range(2 * layers)))
     names = ["input_ids", "attention_mask", "position_ids"] + [
-        f"past_key_values.{i}.{k}" for i in range(2) for k in ("key", "value")]
-    outputs = ["logits"] + [f"present.{i}.{k}" for i in range(2) for k in ("key", "value")]
+        f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    outputs = ["logits"] + [f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]
     batch = torch.export.Dim("batch", max=64)
-    sequence = torch.export.Dim("sequence", max=1024)
-    total = torch.export.Dim("total", max=2048)
-    past_len = torch.export.Dim("past", max=1024)
-    shapes = [{0: batch, 1: sequence}, {0: batch, 1: total}, {0: batch, 1: sequence}] + [
-        {0: batch, 2: past_len} for _ in range(4)]
+    sequence = torch.export.Dim("sequence", max=2048)
+    total = torch.export.Dim("total", max=4096)
+    past_len = torch.export.Dim("past", max=2048)
+    shapes = ({0: batch, 1: sequence}, {0: batch, 1: total}, {0: batch, 1: sequence},
+              tuple({0: batch, 2: past_len} for _ in range(2 * layers)))
+    large = sum(p.numel() for p in model.parameters()) * 4 > 100 * 2 ** 20
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(PastDecoder().eval(), args, path, dynamo=True, opset_version=opset,
                           input_names=names, output_names=outputs, dynamic_shapes=shapes,
-                          external_data=False, verbose=False)
+                          external_data=large, verbose=False)
     return path
 
 
