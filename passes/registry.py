@@ -50,6 +50,7 @@ _builtin_modules: List[str] = [
     "passctl.passes.attention.lower_rotary",
     "passctl.passes.attention.fuse_past",
     "passctl.passes.attention.lower_past",
+    "passctl.passes.fusion.projections",
     # Layer-wise mixed precision (issue 8, H13).
     "passctl.passes.precision.amp",
     "passctl.passes.quantize.quantize_int8",

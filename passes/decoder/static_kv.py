@@ -12,13 +12,15 @@ from passctl.dialect.attention import OP_TYPE
 from passctl.dialect.canonical import DOMAIN, MS_DOMAIN, ensure_opset
 from passctl.ir import Builder, DataType, Model, Node, Shape, TensorType, Value
 from passctl.ir.errors import UserError
+from passctl.passes.attention.layout import head_split_roles
 from passctl.passes.decoder.graph import LAYOUT
 from passctl.passes.registry import get_pass
 
 logger = logging.getLogger(__name__)
 
 FUSE_PIPELINE = ("infer-shapes", "eliminate-identity", "fold-constants", "fuse-rotary", "dce",
-                 "fuse-attention", "fuse-attention-past", "dce")
+                 "fuse-attention", "fuse-attention-past", "fuse-projections", "dce")
+# NOTE: fuse-projections last: the attention guard traces Q/K/V to their own head-split Reshapes.
 """The passes that make the canonical ops the rewrite needs (fuse-rotary gets max_positions)."""
 
 
@@ -151,9 +153,11 @@ def _attention(g, node: Node, seqlens: Value, total: Value, max_length: int, don
             past.type = TensorType(past.dtype, Shape(("batch", kv_heads, max_length, hd)))
             done.add(past)
     b = Builder(g, provenance=node.provenance, insert=False)
-    flat = [b.op("Reshape", b.op("Transpose", x, perm=[0, 2, 1, 3]),
-                 g.add_constant(np.array([0, 0, h * hd], np.int64), "static_kv_bsd"))
-            for x, h in ((q, heads), (k, kv_heads), (v, kv_heads))]
+    flat = [_bsd(b, g, x, h, hd) for x, h in ((q, heads), (k, kv_heads), (v, kv_heads))]
+    split = flat[0].producer
+    if split is not None and split.op_type == "Split" and list(split.outputs) == flat and \
+            split.attr("axis") in (-1, 2):
+        flat = [split.inputs[0], None, None]  # packed Q/K/V (fuse-projections)
     y, pk, pv = b.op("GroupQueryAttention", *flat, past_k, past_v, seqlens, total, *extra,
                      domain=MS_DOMAIN, outputs=3, num_heads=heads, kv_num_heads=kv_heads,
                      scale=float(node.attr("scale")), **attrs)
@@ -163,6 +167,20 @@ def _attention(g, node: Node, seqlens: Value, total: Value, max_length: int, don
     for new, past in ((pk, past_k), (pv, past_v)):
         new.type = past.type
     g.replace_nodes([node], b.nodes, list(node.outputs), [y4, pk, pv])
+
+
+def _bsd(b: Builder, g, x: Value, heads: int, hd: int) -> Value:
+    """``x`` [B, H, S, D] as [B, S, H * D]: the projection itself when ``x`` is
+    ``Transpose(Reshape(y, [B, S, H, D]), (0, 2, 1, 3))`` of a 3-D ``y`` (the head split, its axis
+    roles checked as the attention guard does), else Transpose + Reshape."""
+    t = x.producer
+    if t is not None and t.op_type == "Transpose" and list(t.attr("perm") or ()) == [0, 2, 1, 3]:
+        r = t.inputs[0].producer
+        if r is not None and r.op_type == "Reshape" and head_split_roles(r) == ("B", "S", "H", "D") \
+                and r.inputs[0].shape is not None and r.inputs[0].shape[2] == heads * hd:
+            return r.inputs[0]
+    return b.op("Reshape", b.op("Transpose", x, perm=[0, 2, 1, 3]),
+                g.add_constant(np.array([0, 0, heads * hd], np.int64), "static_kv_bsd"))
 
 
 def _shape_readers(g, past: Value, past_len: Value, name: str) -> None:

@@ -39,6 +39,10 @@ def test_user_onnx_gets_the_static_cache_and_transformers_tokens(past_decoder, c
     # the recognized rotary moved into the kernel (do_rotary with the folded caches of M rows)
     assert all(onnx.helper.get_attribute_value(a) == 1 for n in gqa for a in n.attribute
                if a.name == "do_rotary") and all(len(n.input) == 9 for n in gqa)
+    # fuse-projections: packed Q/K/V straight from one MatMul (key and value omitted), gate/up one
+    # MatMul: per layer qkv, o, gate_up, down, plus the LM head
+    assert all(n.input[1] == "" and n.input[2] == "" for n in gqa)
+    assert sum(n.op_type == "MatMul" for n in graph.node) == 4 * layers + 1
     assert not any(n.op_type == "RotaryEmbedding" for n in graph.node)
     assert {i.name for i in graph.input} >= {"seqlens_k", "total_sequence_length"}
     assert not {"attention_mask", "position_ids"} & {i.name for i in graph.input}
