@@ -414,6 +414,9 @@ def main(args, console) -> int:
         raise UserError(f"--weights {args.weights} applies to GGUF / transformers sources; "
                         "quantize an .onnx decoder with `passctl MODEL --pipeline "
                         "quantize-weights{bits=4}` first")
+    if args.keep_layout and not path.endswith(".onnx"):
+        raise UserError(f"--keep-layout applies to a decoder .onnx; '{args.model}' is built into "
+                        "passctl's static cache from its weights (drop --keep-layout)")
     if path.endswith(".onnx"):
         manifest = export_from_onnx(path, args.out, args.tokenizer, args.max_length,
                                     static=not args.keep_layout)

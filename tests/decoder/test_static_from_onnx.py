@@ -92,3 +92,13 @@ def test_a_decoder_the_passes_do_not_recognize_is_kept_as_it_is(cli, tmp_path):
     manifest = json.loads((tmp_path / "out" / "decoder.json").read_text())
     assert manifest["layout"] == DYNAMIC_LAYOUT
     assert "KV cache found in layers []" in manifest["static_kv_refused"]
+
+
+def test_keep_layout_for_a_weights_source_is_one_line_exit_2(cli, tmp_path):
+    """--keep-layout names an .onnx option; given a GGUF path it is refused before any loading."""
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    res = cli("export-decoder", tmp_path / "m.gguf", "-o", tmp_path / "out", "--keep-layout")
+    assert res.rc == 2
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and "--keep-layout applies to a decoder .onnx" in lines[0]
+    assert "m.gguf" in lines[0] and not (tmp_path / "out").exists()
