@@ -45,6 +45,12 @@ _builtin_modules: List[str] = [
     # Attention fusion and its lowerings (issue 6, H14).
     "passctl.passes.attention.fuse",
     "passctl.passes.attention.lower",
+    # Rotary embedding as one canonical op (issue 17).
+    "passctl.passes.attention.fuse_rotary",
+    "passctl.passes.attention.lower_rotary",
+    "passctl.passes.attention.fuse_past",
+    "passctl.passes.attention.lower_past",
+    "passctl.passes.fusion.projections",
     # Layer-wise mixed precision (issue 8, H13).
     "passctl.passes.precision.amp",
     "passctl.passes.quantize.quantize_int8",

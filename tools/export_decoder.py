@@ -48,6 +48,9 @@ def add_parser(sub) -> None:
                         "for int8)")
     p.add_argument("--asymmetric", action="store_true",
                    help="--weights with zero points (default: symmetric)")
+    p.add_argument("--keep-layout", action="store_true",
+                   help="an .onnx MODEL: run it as it is (past-key-values, a growing cache) "
+                        "instead of rewriting it into the static cache")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
 
 
@@ -256,13 +259,76 @@ def _check(folder: str, model, vocab: int) -> None:
                               f"by {err:.2e} relative (> {CHECK_RTOL:g}); artifact not written")
 
 
-def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None) -> dict:
-    """Write a ``past-key-values`` artifact for decoder ONNX ``path`` (referenced, not copied).
+def _static_from_onnx(path: str, folder: str, max_length: int) -> Optional[str]:
+    """Write ``folder/model.onnx`` (+ ``.data``): ``path`` rewritten into the static-cache layout
+    (:func:`passctl.passes.decoder.static_kv.to_static_kv`); None when written, else the one-line
+    reason it could not be (nothing written)."""
+    from passctl.ir import load
+    from passctl.ir.onnx_export import save
+    from passctl.passes.decoder.static_kv import to_static_kv
+
+    model = load(path)
+    try:
+        to_static_kv(model, max_length, name=path)
+    except UserError as e:
+        return str(e)
+    save(model, os.path.join(folder, "model.onnx"), external_data=True,
+         location="model.onnx.data")
+    return None
+
+
+def _check_static(folder: str, path: str, manifest: dict) -> float:
+    """Prefill 5 tokens and decode 1 through the static artifact in ``folder`` and through the
+    original decoder ``path`` (ONNX Runtime, its own growing cache); the largest relative
+    difference of the last-token logits.
+
+    Raises:
+        CheckFailed: above 1e-4 (the artifact is not written).
+    """
+    from passctl.passes.decoder.layout import DYNAMIC_LAYOUT
+    from passctl.targets.onnxruntime.generate import Generator
+
+    vocab = manifest["vocab_size"]
+    ids = np.array([[1, 42, 7, 1000 % vocab, 99 % vocab, 3]], np.int64)
+    reference = tempfile.mkdtemp(prefix=".passctl-reference-")
+    try:  # the original as a past-key-values artifact: the same runtime code, its own cache
+        with open(os.path.join(reference, "decoder.json"), "w", encoding="utf-8") as f:
+            json.dump({**manifest, "layout": DYNAMIC_LAYOUT, "model": os.path.abspath(path),
+                       "max_length": None}, f)
+        ref_gen = Generator(reference)
+    finally:
+        shutil.rmtree(reference, ignore_errors=True)
+    gen = Generator(folder)
+    worst = 0.0
+    for g in (ref_gen, gen):
+        g.reset(1)
+    for chunk in (ids[:, :5], ids[:, 5:6]):
+        ref, got = ref_gen.step(chunk), gen.step(chunk)
+        worst = max(worst, float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)))
+    if not worst <= CHECK_RTOL:
+        raise CheckFailed(f"export-decoder check: the static-cache rewrite of '{path}' gives "
+                          f"last-token logits {worst:.2e} relative from the original (> "
+                          f"{CHECK_RTOL:g}); artifact not written")
+    return worst
+
+
+def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None,
+                     max_length: int = DEFAULT_MAX_LENGTH, static: bool = True) -> dict:
+    """Write a decoder artifact for decoder ONNX ``path`` in the past-key-values layout.
+
+    With ``static`` (default) the graph is rewritten into the ``passctl-static-kv`` layout
+    (rotary and attention with past recognized as canonical ops, GroupQueryAttention on a cache of
+    ``max_length`` rows that past and present share; docs/generate.md) and checked against the
+    original (5 prompt tokens and one step, last-token logits within 1e-4 relative); OUT then
+    holds the rewritten ``model.onnx``. Where the rewrite does not apply (the reason is logged and
+    kept in the manifest as ``static_kv_refused``), or without ``static``, the artifact references
+    ``path`` and runs it as it is (a cache that grows by one position per step).
 
     Raises:
         UserError: ``path`` has no accepted decoder layout (see ``detect_layout``), its
             onnxruntime-genai config asks for a shared past/present buffer, or the given
             tokenizer folder has no tokenizer.json.
+        CheckFailed: the static rewrite's logits differ from the original's.
     """
     import onnx
 
@@ -311,12 +377,25 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None) -
                     "num_kv_heads": layout.num_kv_heads, "head_dim": layout.head_dim,
                     "vocab_size": layout.vocab_size, "eos_token_ids": eos, "dtype": "float32",
                     "source": os.path.abspath(path), "tokenizer": None}
+        refused = _static_from_onnx(path, tmp, max_length) if static else "not asked for"
+        if refused is None:
+            from passctl.passes.decoder.graph import LAYOUT
+
+            manifest.update(layout=LAYOUT, model="model.onnx", max_length=max_length)
+        else:
+            if static:
+                logger.warning("%s: kept as it is (no static cache): %s", path, refused)
+            manifest["static_kv_refused"] = refused
         if os.path.isfile(tok):
             os.makedirs(os.path.join(tmp, "tokenizer"))
             shutil.copy(tok, os.path.join(tmp, "tokenizer", "tokenizer.json"))
             manifest["tokenizer"] = "tokenizer"
         with open(os.path.join(tmp, "decoder.json"), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2)
+        if refused is None:
+            manifest["check_error"] = float(f"{_check_static(tmp, path, manifest):.3g}")
+            with open(os.path.join(tmp, "decoder.json"), "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=2)
         _commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -335,8 +414,12 @@ def main(args, console) -> int:
         raise UserError(f"--weights {args.weights} applies to GGUF / transformers sources; "
                         "quantize an .onnx decoder with `passctl MODEL --pipeline "
                         "quantize-weights{bits=4}` first")
+    if args.keep_layout and not path.endswith(".onnx"):
+        raise UserError(f"--keep-layout applies to a decoder .onnx; '{args.model}' is built into "
+                        "passctl's static cache from its weights (drop --keep-layout)")
     if path.endswith(".onnx"):
-        manifest = export_from_onnx(path, args.out, args.tokenizer)
+        manifest = export_from_onnx(path, args.out, args.tokenizer, args.max_length,
+                                    static=not args.keep_layout)
     else:
         _prepare_out(args.out)
         model, tokenizer = load_transformers_model(path)
