@@ -26,7 +26,10 @@ scratch folder, and generates the same number of greedy tokens from the same pro
   under PY: ``append_tokens`` + ``generate_next_token`` loop, greedy, ``intra_op_num_threads=
   --threads``;
 - ``llama.cpp`` (``--llama-cpp-python PY``: a venv with llama-cpp-python): the shipped Q4_1 GGUF
-  in ``generate_cpu_worker.py`` under PY (``n_threads=--threads``, greedy argmax).
+  in ``generate_cpu_worker.py`` under PY (``n_threads=--threads``, greedy argmax), as shipped
+  (its OpenMP threads spin-wait, libgomp's default) and with ``OMP_WAIT_POLICY=passive`` (they
+  sleep; on a loaded 2-core machine that was ~9x faster: llama.cpp's counterpart of the
+  Generator's ``spinning=False``).
 
 - ``before: passctl ...`` (``--spinning-rows``): the fp32 and quantized artifacts with
   ``Generator(spinning=True)`` (ONNX Runtime's spinning intra-op threads, the Generator's default
@@ -155,11 +158,12 @@ class _Worker:
         RuntimeError: the worker did not start (its last stderr line).
     """
 
-    def __init__(self, python: str, kind: str, model: str, ids, new: int, threads: int):
+    def __init__(self, python: str, kind: str, model: str, ids, new: int, threads: int,
+                 env: Optional[dict] = None):
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([python, WORKER, kind, model], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=_child_env())
+                                     env={**_child_env(), **(env or {})})
         self.proc.stdin.write(json.dumps({"ids": [int(i) for i in ids], "new": new,
                                           "threads": threads}) + "\n")
         self.proc.stdin.flush()
@@ -325,6 +329,9 @@ def main(argv=None) -> int:
             worker = _Worker(args.llama_cpp_python, "llama", gguf, prompt, new, threads)
             runners["llama.cpp (llama-cpp-python, shipped Q4_1 GGUF)"] = worker
             versions.update(worker.versions)
+            runners["llama.cpp, OMP_WAIT_POLICY=passive (its OpenMP threads sleep)"] = _Worker(
+                args.llama_cpp_python, "llama", gguf, prompt, new, threads,
+                env={"OMP_WAIT_POLICY": "passive"})
         except (RuntimeError, OSError) as e:
             missing.append(("llama.cpp (llama-cpp-python, Q4_1 GGUF)", f"not measured: {e}"))
     else:
@@ -387,7 +394,8 @@ def main(argv=None) -> int:
     ratio(ref_name, "onnxruntime-genai fp32")
     for name in [n for n in tps if n.startswith("onnxruntime-genai int4")]:
         ratio("passctl int4", name)
-    ratio("passctl int4", "llama.cpp")
+    ratio("passctl int4", "llama.cpp (")
+    ratio("passctl int4", "llama.cpp, OMP")
     ratio(ref_name, "before: passctl fp32")
     ratio("passctl int4", "before: passctl int4")
     text = "\n".join(lines) + "\n"
