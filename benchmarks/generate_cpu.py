@@ -26,7 +26,17 @@ scratch folder, and generates the same number of greedy tokens from the same pro
   under PY: ``append_tokens`` + ``generate_next_token`` loop, greedy, ``intra_op_num_threads=
   --threads``;
 - ``llama.cpp`` (``--llama-cpp-python PY``: a venv with llama-cpp-python): the shipped Q4_1 GGUF
-  in ``generate_cpu_worker.py`` under PY (``n_threads=--threads``, greedy argmax).
+  in ``generate_cpu_worker.py`` under PY (``n_threads=--threads``, greedy argmax), as shipped
+  (its OpenMP threads spin-wait, libgomp's default) and with ``OMP_WAIT_POLICY=passive`` (they
+  sleep; on a loaded 2-core machine that was ~9x faster: llama.cpp's counterpart of the
+  Generator's ``spinning=False``).
+
+- ``before: passctl ...`` (``--spinning-rows``): the fp32 and quantized artifacts with
+  ``Generator(spinning=True)`` (ONNX Runtime's spinning intra-op threads, the Generator's default
+  before 2026-12-07), to compare the change in the same run.
+
+The peers' venvs: ``bash benchmarks/peers/setup_cpu_peers.sh DIR`` makes ``DIR/genai`` and
+``DIR/llama`` (the exact install commands; llama.cpp is built from source, natively).
 
 Every row's tokens are compared with passctl fp32's: ``equal`` or the first differing step.
 Load average (``os.getloadavg``) before and after and every runtime's version are printed.
@@ -96,11 +106,11 @@ def _transformers_runner(model, ids, new: int):
     return run
 
 
-def _passctl_runner(out: str, ids, new: int, threads: int):
+def _passctl_runner(out: str, ids, new: int, threads: int, spinning: bool = False):
     """A function running one timed ``Generator.generate`` (after one warm-up)."""
     from passctl.targets.onnxruntime.generate import Generator
 
-    gen = Generator(out, threads=threads)
+    gen = Generator(out, threads=threads, spinning=spinning)
     gen.generate(ids, max_new_tokens=4, stop_at_eos=False)
 
     def run():
@@ -148,11 +158,12 @@ class _Worker:
         RuntimeError: the worker did not start (its last stderr line).
     """
 
-    def __init__(self, python: str, kind: str, model: str, ids, new: int, threads: int):
+    def __init__(self, python: str, kind: str, model: str, ids, new: int, threads: int,
+                 env: Optional[dict] = None):
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([python, WORKER, kind, model], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     env=_child_env())
+                                     env={**_child_env(), **(env or {})})
         self.proc.stdin.write(json.dumps({"ids": [int(i) for i in ids], "new": new,
                                           "threads": threads}) + "\n")
         self.proc.stdin.flush()
@@ -249,6 +260,9 @@ def main(argv=None) -> int:
                              "the builder's default; empty: no int4 row)")
     parser.add_argument("--llama-cpp-python", default=None,
                         help="python of a venv with llama-cpp-python (runs the shipped Q4_1 GGUF)")
+    parser.add_argument("--spinning-rows", action="store_true",
+                        help="also run passctl's artifacts with ONNX Runtime's spinning worker "
+                             "threads (Generator(spinning=True), its default before 2026-12-07)")
     parser.add_argument("--passctl-only", action="store_true",
                         help="skip transformers and the past-key-values row")
     parser.add_argument("--out", default=None, help="results file (default: "
@@ -304,17 +318,27 @@ def main(argv=None) -> int:
         label = {"int4": "block 128, accuracy_level 4", "int8": "block 64, accuracy_level 4"}[fmt]
         runners[f"passctl {fmt} (MatMulNBits, {label})"] = \
             _passctl_runner(qout, ids.numpy(), args.new_tokens, args.threads)
+        if args.spinning_rows:
+            runners[f"before: passctl {fmt}, ORT threads spinning"] = \
+                _passctl_runner(qout, ids.numpy(), args.new_tokens, args.threads, spinning=True)
+    if args.spinning_rows:
+        runners["before: passctl fp32, ORT threads spinning"] = \
+            _passctl_runner(out, ids.numpy(), args.new_tokens, args.threads, spinning=True)
     if args.llama_cpp_python:
         try:
             worker = _Worker(args.llama_cpp_python, "llama", gguf, prompt, new, threads)
             runners["llama.cpp (llama-cpp-python, shipped Q4_1 GGUF)"] = worker
             versions.update(worker.versions)
+            runners["llama.cpp, OMP_WAIT_POLICY=passive (its OpenMP threads sleep)"] = _Worker(
+                args.llama_cpp_python, "llama", gguf, prompt, new, threads,
+                env={"OMP_WAIT_POLICY": "passive"})
         except (RuntimeError, OSError) as e:
             missing.append(("llama.cpp (llama-cpp-python, Q4_1 GGUF)", f"not measured: {e}"))
     else:
         missing.append(("llama.cpp (llama-cpp-python, Q4_1 GGUF)",
                         "not measured: no --llama-cpp-python (a venv with llama-cpp-python)"))
     runs = {name: [] for name in runners}
+    load_rounds = os.getloadavg()
     for _ in range(args.rounds):  # interleaved: load from other processes hits every variant
         for name, run in runners.items():
             runs[name].append(run())
@@ -347,6 +371,7 @@ def main(argv=None) -> int:
              f"tokens/s listed); {platform.processor() or platform.machine()}, "
              f"{os.cpu_count()} cores; load average (1/5/15 min) "
              f"{' '.join(f'{x:.2f}' for x in load_before)} before, "
+             f"{' '.join(f'{x:.2f}' for x in load_rounds)} at the first timed round, "
              f"{' '.join(f'{x:.2f}' for x in load_after)} after. Versions: "
              + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
              "",
@@ -361,12 +386,18 @@ def main(argv=None) -> int:
         a = next((n for n in tps if n.startswith(a)), None)
         b = next((n for n in tps if n.startswith(b)), None)
         if a and b:
-            lines.append(f"- {a} / {b}: decode {tps[a] / tps[b]:.2f}x")
+            each = [ra[2] / rb[2] for ra, rb in zip(runs[a], runs[b])]  # same round: same load
+            lines.append(f"- {a} / {b}: decode {tps[a] / tps[b]:.2f}x (per round "
+                         f"{min(each):.2f}-{max(each):.2f}x: ahead in "
+                         f"{sum(e > 1 for e in each)} of {len(each)} rounds)")
     ratio(ref_name, "transformers")
     ratio(ref_name, "onnxruntime-genai fp32")
     for name in [n for n in tps if n.startswith("onnxruntime-genai int4")]:
         ratio("passctl int4", name)
-    ratio("passctl int4", "llama.cpp")
+    ratio("passctl int4", "llama.cpp (")
+    ratio("passctl int4", "llama.cpp, OMP")
+    ratio(ref_name, "before: passctl fp32")
+    ratio("passctl int4", "before: passctl int4")
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:

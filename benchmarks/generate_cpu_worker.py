@@ -19,7 +19,8 @@ tokens after the first, the intervals between consecutive tokens, as passctl's G
   ``generate_next_token()`` until ``is_done()``.
 - ``llama``: MODEL is a GGUF file; ``llama_cpp.Llama(n_ctx=len(ids)+N+8, n_threads=T,
   n_threads_batch=T)``; the same ids are evaluated (no BOS added) and each next token is the
-  argmax of the last logits (``Llama.eval`` / ``Llama.scores``), which is greedy decoding.
+  argmax of the last position's logits (``Llama.eval``, then ``llama_get_logits_ith(ctx, -1)``:
+  ``Llama.scores`` stays empty without ``logits_all``), which is greedy decoding.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def _llama(gguf: str, ids, new: int, threads: int):
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=len(ids) + new + 8, n_threads=threads,
                           n_threads_batch=threads, n_batch=64, verbose=False)
     versions = {"llama-cpp-python": llama_cpp.__version__}
+    vocab = llm.n_vocab()
 
     def run(count: int):
         llm.reset()
@@ -79,7 +81,11 @@ def _llama(gguf: str, ids, new: int, threads: int):
         for k in range(count):
             if k:
                 llm.eval([tokens[-1]])
-            tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            # the last evaluated position's logits, read from the context: llama-cpp-python 0.3
+            # fills Llama.scores only with logits_all=True (it samples inside llama.cpp)
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1),
+                                           shape=(vocab,))
+            tokens.append(int(np.argmax(logits)))
             times.append(time.perf_counter())
         return tokens, times, start
 

@@ -14,7 +14,8 @@ For each model (batch 1, sequence 128):
 - ``ort quantize_dynamic``: ``onnxruntime.quantization.quantize_dynamic(fp32 file,
   weight_type=QInt8)`` (its defaults: per-tensor weights, MatMulInteger form), ``ORT_ENABLE_ALL``.
 
-Sessions: ``passctl.support.check.cpu_session``, 2 intra-op threads; warm-up, then ``--rounds``
+Sessions: ``passctl.support.check.cpu_session``, 2 intra-op threads (``--no-spinning``: all of
+them with ``session.intra_op.allow_spinning=0``); warm-up, then ``--rounds``
 interleaved rounds of ``--runs`` runs per variant; the median over all runs is printed.
 
 Calibration (the budget's feeds): MiniLM (all-MiniLM-L6-v2, real weights, ``minilm_legacy``):
@@ -110,6 +111,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--budget", type=float, default=7e-3, help="cosine budget (1 - cos)")
+    ap.add_argument("--no-spinning", action="store_true",
+                    help="every timed session with session.intra_op.allow_spinning=0 (worker "
+                         "threads sleep between kernels; ONNX Runtime's default spins)")
     args = ap.parse_args()
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -117,7 +121,8 @@ def main() -> None:
     from passctl.support.cpu_isa import host_isa
     from passctl.support.inputs import make_inputs
 
-    print(f"cpu: {host_isa()}; {THREADS} threads; batch 1, sequence {SEQ}")
+    print(f"cpu: {host_isa()}; {THREADS} threads; batch 1, sequence {SEQ}; worker threads "
+          f"{'sleep (allow_spinning=0)' if args.no_spinning else 'spin (ONNX Runtime default)'}")
     for model_id in args.models.split(","):
         if model_id == "minilm":
             from corpus import CORPUS
@@ -145,7 +150,8 @@ def main() -> None:
             quantize_dynamic(src, str(ort_out), weight_type=QuantType.QInt8)
             variants["ort quantize_dynamic"] = (str(ort_out), {})
             feed = make_inputs(src, seed=0, dim_values=DIMS)
-            sessions = {k: cpu_session(p, optimize=True, threads=THREADS)
+            spin = False if args.no_spinning else None
+            sessions = {k: cpu_session(p, optimize=True, threads=THREADS, spinning=spin)
                         for k, (p, _) in variants.items()}
             times = {k: [] for k in variants}
             for s in sessions.values():

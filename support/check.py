@@ -80,7 +80,8 @@ def check_optimization(emitter: str) -> str:
 def cpu_session(model: Union[str, bytes], optimize: Union[bool, str] = False,
                 threads: Optional[int] = None,
                 sequential: bool = False, profile_prefix: Optional[str] = None,
-                external_initializers: Optional[Mapping[str, Any]] = None):
+                external_initializers: Optional[Mapping[str, Any]] = None,
+                spinning: Optional[bool] = None):
     """An ``onnxruntime.InferenceSession`` on the CPU execution provider, the one place passctl's
     checks and benchmarks set session options.
 
@@ -96,6 +97,10 @@ def cpu_session(model: Union[str, bytes], optimize: Union[bool, str] = False,
             ``model`` marks as external data (``data_location = EXTERNAL``): ONNX Runtime takes their
             data from these values instead of a file (``SessionOptions.add_external_initializers``),
             so large weights need not be serialized into ``model``.
+        spinning: ``session.intra_op.allow_spinning``: ``False`` lets the intra-op worker threads
+            sleep between kernels instead of spin-waiting (faster on a loaded machine, see
+            benchmarks/results/quantize_dynamic-2026-12-07.md); ``None``: ONNX Runtime's default
+            (spinning).
 
     Raises:
         onnxruntime.capi.onnxruntime_pybind11_state.Fail (and its siblings): the model does not load.
@@ -114,6 +119,9 @@ def cpu_session(model: Union[str, bytes], optimize: Union[bool, str] = False,
     if sequential:
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if spinning is not None:
+        options.add_session_config_entry("session.intra_op.allow_spinning",
+                                         "1" if spinning else "0")
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix

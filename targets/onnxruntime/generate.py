@@ -210,13 +210,20 @@ class Generator:
         huge_pages: back the session's weights with 2 MB pages (Linux ``MADV_COLLAPSE``, see
             :func:`_collapse_new_memory`; silently nothing where unsupported). ``huge_page_bytes``
             says how many bytes were collapsed.
+        spinning: let ONNX Runtime's intra-op worker threads spin-wait for work
+            (``session.intra_op.allow_spinning``, ONNX Runtime's default). Off by default: they
+            sleep between kernels and steps instead. On a 2-core machine shared with other jobs
+            spinning workers compete with the caller's thread and the other processes; SmolLM2-135M
+            decoded 2.1x faster (fp32) and 1.5x faster (int4) without spinning at load average ~7
+            (benchmarks/results/generate_cpu-2026-12-07.md); the logits are bitwise equal.
 
     Raises:
         UserError: ``folder`` is no decoder artifact (see :func:`read_manifest`), or its model
             file is missing.
     """
 
-    def __init__(self, folder: str, threads: Optional[int] = None, huge_pages: bool = True):
+    def __init__(self, folder: str, threads: Optional[int] = None, huge_pages: bool = True,
+                 spinning: bool = False):
         import onnxruntime as ort
 
         self.folder = folder
@@ -231,6 +238,8 @@ class Generator:
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = int(threads)
+        options.add_session_config_entry("session.intra_op.allow_spinning",
+                                         "1" if spinning else "0")
         before = _anonymous_ranges() if huge_pages else None
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.huge_page_bytes = _collapse_new_memory(before) if huge_pages else 0

@@ -108,6 +108,22 @@ def test_huge_pages_leave_logits_bitwise_equal(artifact):
     assert np.array_equal(plain.step(ids[:, :1]), huge.step(ids[:, :1]))
 
 
+def test_worker_threads_sleep_by_default_and_logits_stay_bitwise_equal(artifact):
+    """The Generator's session turns ONNX Runtime's spinning worker threads off unless asked
+    (``spinning=True``: ONNX Runtime's default); only scheduling changes, not one bit of the
+    logits."""
+    _, out = artifact
+    ids = np.array([[1, 5, 9, 3, 7]], np.int64)
+    asleep, spinning = Generator(out, threads=2), Generator(out, threads=2, spinning=True)
+    key = "session.intra_op.allow_spinning"
+    assert asleep.session.get_session_options().get_session_config_entry(key) == "0"
+    assert spinning.session.get_session_options().get_session_config_entry(key) == "1"
+    for gen in (asleep, spinning):
+        gen.reset(1)
+    assert np.array_equal(asleep.step(ids), spinning.step(ids))
+    assert np.array_equal(asleep.step(ids[:, :1]), spinning.step(ids[:, :1]))
+
+
 def test_subtract_keeps_only_new_memory():
     from passctl.targets.onnxruntime.generate import _subtract
 

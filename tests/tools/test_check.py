@@ -184,18 +184,38 @@ def test_check_models_passes_and_fails(tmp_path):
     assert not off.ok(rtol=1e-4) and off.ok(rtol=2e-3)
 
 
+def _relu_model() -> onnx.ModelProto:
+    """y = Relu(x), x float [2]."""
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 @pytest.mark.parametrize("optimize,level", [(False, "ORT_DISABLE_ALL"), (True, "ORT_ENABLE_ALL"),
                                             ("ORT_ENABLE_EXTENDED", "ORT_ENABLE_EXTENDED")])
 def test_cpu_session_takes_a_session_json_level_name(optimize, level):
     import onnxruntime as ort
-    from onnx import TensorProto, helper
 
     from passctl.support.check import cpu_session
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = _relu_model()
     session = cpu_session(model.SerializeToString(), optimize=optimize)
     assert session.get_session_options().graph_optimization_level == \
         getattr(ort.GraphOptimizationLevel, level)
+
+
+@pytest.mark.parametrize("spinning,entry", [(None, None), (True, "1"), (False, "0")])
+def test_cpu_session_sets_worker_spinning_only_when_asked(spinning, entry):
+    from passctl.support.check import cpu_session
+
+    model = _relu_model()
+    session = cpu_session(model.SerializeToString(), threads=2, spinning=spinning)
+    options = session.get_session_options()
+    if entry is None:  # ONNX Runtime's default: no entry at all
+        with pytest.raises(RuntimeError, match="allow_spinning"):
+            options.get_session_config_entry("session.intra_op.allow_spinning")
+    else:
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == entry
+    x = np.array([-1.5, 2.0], np.float32)
+    assert session.run(None, {"x": x})[0].tolist() == [0.0, 2.0]
