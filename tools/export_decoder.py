@@ -48,6 +48,16 @@ def add_parser(sub) -> None:
                         "for int8)")
     p.add_argument("--asymmetric", action="store_true",
                    help="--weights with zero points (default: symmetric)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="--weights int4/int8 error budget: the mean-rel error of every position's "
+                        "logits on --calib-text; layers return to --fallback, most sensitive "
+                        "first, while over it (docs/quantize-weights.md)")
+    p.add_argument("--calib-text", default=None, metavar="FILE",
+                   help="calibration text for --budget / --awq (not the text you evaluate on)")
+    p.add_argument("--awq", action="store_true",
+                   help="AWQ scales from --calib-text before quantizing (Lin et al. 2024)")
+    p.add_argument("--fallback", choices=("int8", "float"), default="int8",
+                   help="what --budget returns a layer to (default int8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
 
 
@@ -127,7 +137,8 @@ def _commit(tmp: str, out: str) -> None:
 
 def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAULT_MAX_LENGTH,
                              check: bool = True, source: str = "", weight_format: str = "fp32",
-                             block: Optional[int] = None, symmetric: bool = True) -> dict:
+                             block: Optional[int] = None, symmetric: bool = True,
+                             quantize: Optional[dict] = None) -> dict:
     """Write the ``passctl-static-kv`` artifact of transformers decoder ``model`` into ``out``.
 
     Args:
@@ -141,7 +152,8 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
             tokens is recorded in the manifest (``weights.logits_error``).
         weight_format: ``fp32``, ``int8`` or ``int4``: MatMul/Gemm weights as MatMulNBits
             (:func:`passctl.passes.decoder.quantize.quantize_decoder`), ``block`` and
-            ``symmetric`` as the quantize-weights pass takes them.
+            ``symmetric`` as the quantize-weights pass takes them; ``quantize``: more keyword
+            arguments of ``quantize_decoder`` (``calib_ids``, ``budget``, ``awq``, ``fallback``).
 
     Returns:
         The manifest written to ``out/decoder.json``.
@@ -191,7 +203,7 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
             _check(tmp, model, spec.vocab_size)
         if weight_format != "fp32":
             manifest["weights"] = _quantize_artifact(tmp, manifest, weight_format, block, symmetric,
-                                                     check)
+                                                     check, quantize or {})
         _commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -200,7 +212,7 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
 
 
 def _quantize_artifact(folder: str, manifest: dict, weights: str, block: Optional[int],
-                       symmetric: bool, check: bool) -> dict:
+                       symmetric: bool, check: bool, options: dict) -> dict:
     """Rewrite ``folder``'s model with quantized weights; returns the manifest's ``weights``."""
     import onnx
 
@@ -211,7 +223,8 @@ def _quantize_artifact(folder: str, manifest: dict, weights: str, block: Optiona
                    np.int64)
     before = _logits(folder, ids) if check else None
     proto = onnx.load(path)
-    quantized, stats = quantize_decoder(proto, WEIGHT_FORMATS[weights], block, symmetric)
+    quantized, stats = quantize_decoder(proto, WEIGHT_FORMATS[weights], block, symmetric,
+                                        **options)
     del proto
     os.remove(os.path.join(folder, "model.onnx.data"))
     onnx.save_model(quantized, path, save_as_external_data=True, all_tensors_to_one_file=True,
@@ -222,6 +235,9 @@ def _quantize_artifact(folder: str, manifest: dict, weights: str, block: Optiona
             "symmetric": symmetric, "accuracy_level": stats["accuracy_level"],
             "quantized_layers": stats["quantized_layers"], "float_layers": stats["float_layers"],
             "layers": stats["layers"]}
+    for key in ("fallback_layers", "budget", "metric", "error", "within_budget", "awq"):
+        if key in stats:
+            info[key] = stats[key]
     if before is not None:
         after = _logits(folder, ids)
         info["logits_error"] = float(f"{max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(after, before)):.4g}")
@@ -324,6 +340,31 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None) -
     return manifest
 
 
+def _quantize_options(args, tokenizer) -> dict:
+    """``quantize_decoder`` keywords of ``--budget`` / ``--awq`` / ``--fallback`` /
+    ``--calib-text`` (the text tokenized by the model's tokenizer; windows of at most
+    ``--max-length`` tokens).
+
+    Raises:
+        UserError: ``--budget`` / ``--awq`` without ``--weights`` or ``--calib-text``, or an
+            unreadable ``--calib-text``.
+    """
+    budget, awq = getattr(args, "budget", None), getattr(args, "awq", False)
+    if budget is None and not awq:
+        return {}
+    if args.weights == "fp32" or not getattr(args, "calib_text", None) or tokenizer is None:
+        raise UserError("--budget / --awq need --weights int4|int8, --calib-text FILE and a "
+                        "tokenizer")
+    try:
+        with open(args.calib_text, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise UserError(f"--calib-text {args.calib_text}: {e.strerror}") from None
+    ids = np.asarray(tokenizer(text)["input_ids"], np.int64)
+    return {"calib_ids": ids, "window": min(256, args.max_length), "budget": budget, "awq": awq,
+            "fallback": args.fallback, "sensitivity": "layer"}
+
+
 def main(args, console) -> int:
     from passctl.tools.model_source import resolve_model_path
 
@@ -342,7 +383,8 @@ def main(args, console) -> int:
         model, tokenizer = load_transformers_model(path)
         manifest = export_from_transformers(model, tokenizer, args.out, args.max_length,
                                             source=args.model, weight_format=args.weights,
-                                            block=args.block, symmetric=not args.asymmetric)
+                                            block=args.block, symmetric=not args.asymmetric,
+                                            quantize=_quantize_options(args, tokenizer))
     if not args.quiet:
         console.print(f"wrote {args.out}: layout {manifest['layout']}, {manifest['num_layers']} "
                       f"layers, cache {manifest['max_length'] or 'dynamic'}, tokenizer "
