@@ -48,16 +48,17 @@ def add_parser(sub) -> None:
                         "for int8)")
     p.add_argument("--asymmetric", action="store_true",
                    help="--weights with zero points (default: symmetric)")
-    p.add_argument("--budget", type=float, default=None,
-                   help="--weights int4/int8 error budget: the mean-rel error of every position's "
-                        "logits on --calib-text; layers return to --fallback, most sensitive "
+    p.add_argument("--ppl-budget", type=float, default=None, metavar="FRACTION",
+                   help="--weights int4/int8 budget: the perplexity increase allowed on "
+                        "--calib-text (0.05: +5%%); layers return to --fallback, most sensitive "
                         "first, while over it (docs/quantize-weights.md)")
     p.add_argument("--calib-text", default=None, metavar="FILE",
-                   help="calibration text for --budget / --awq (not the text you evaluate on)")
+                   help="calibration text for --ppl-budget / --awq (not the text you evaluate "
+                        "on)")
     p.add_argument("--awq", action="store_true",
                    help="AWQ scales from --calib-text before quantizing (Lin et al. 2024)")
     p.add_argument("--fallback", choices=("int8", "float"), default="int8",
-                   help="what --budget returns a layer to (default int8)")
+                   help="what --ppl-budget returns a layer to (default int8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
 
 
@@ -341,19 +342,20 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None) -
 
 
 def _quantize_options(args, tokenizer) -> dict:
-    """``quantize_decoder`` keywords of ``--budget`` / ``--awq`` / ``--fallback`` /
+    """``quantize_decoder`` keywords of ``--ppl-budget`` / ``--awq`` / ``--fallback`` /
     ``--calib-text`` (the text tokenized by the model's tokenizer; windows of at most
-    ``--max-length`` tokens).
+    ``--max-length`` tokens; the budget's metric ``ppl``, layers ranked by their calibration
+    error, ``sensitivity=layer``).
 
     Raises:
-        UserError: ``--budget`` / ``--awq`` without ``--weights`` or ``--calib-text``, or an
+        UserError: ``--ppl-budget`` / ``--awq`` without ``--weights`` or ``--calib-text``, or an
             unreadable ``--calib-text``.
     """
-    budget, awq = getattr(args, "budget", None), getattr(args, "awq", False)
+    budget, awq = getattr(args, "ppl_budget", None), getattr(args, "awq", False)
     if budget is None and not awq:
         return {}
     if args.weights == "fp32" or not getattr(args, "calib_text", None) or tokenizer is None:
-        raise UserError("--budget / --awq need --weights int4|int8, --calib-text FILE and a "
+        raise UserError("--ppl-budget / --awq need --weights int4|int8, --calib-text FILE and a "
                         "tokenizer")
     try:
         with open(args.calib_text, encoding="utf-8") as f:
@@ -362,7 +364,8 @@ def _quantize_options(args, tokenizer) -> dict:
         raise UserError(f"--calib-text {args.calib_text}: {e.strerror}") from None
     ids = np.asarray(tokenizer(text)["input_ids"], np.int64)
     return {"calib_ids": ids, "window": min(256, args.max_length), "budget": budget, "awq": awq,
-            "fallback": args.fallback, "sensitivity": "layer"}
+            "fallback": args.fallback if args.weights == "int4" else "float",
+            "sensitivity": "layer", "metric": "ppl"}
 
 
 def main(args, console) -> int:

@@ -35,8 +35,9 @@ def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = N
     empty cache (:func:`decoder_feeds`). While the pass runs, the graph returns the logits of
     every position of a chunk, not only the last one (:func:`every_position`; restored after),
     so the budget's error under ``metric`` is over all calibration tokens' logits and AWQ sees
-    every token's LM-head input. ``awq`` and ``fallback`` are the pass's options
-    (docs/quantize-weights.md).
+    every token's LM-head input. ``metric="ppl"`` makes the budget a relative perplexity
+    increase on the calibration text (:func:`ppl`; e.g. 0.05 for +5%). ``awq`` and ``fallback``
+    are the pass's options (docs/quantize-weights.md).
 
     Raises:
         UserError: a bad option (see ``QuantizeWeights.Options``).
@@ -53,11 +54,14 @@ def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = N
             calib = folder
             for k, feed in enumerate(decoder_feeds(proto, np.asarray(calib_ids), window)):
                 np.savez(os.path.join(folder, f"feed{k:03d}.npz"), **feed)
-        result = QuantizeWeights(bits=bits, block=block, symmetric=symmetric, method=method,
-                                 accuracy_level=accuracy_level, exclude=exclude, calib=calib,
-                                 budget=budget, metric=metric, sensitivity=sensitivity,
-                                 float_zero_points=float_zero_points, awq=awq,
-                                 fallback=fallback).run(model)
+        qw = QuantizeWeights(bits=bits, block=block, symmetric=symmetric, method=method,
+                             accuracy_level=accuracy_level, exclude=exclude, calib=calib,
+                             budget=budget, metric="mean-rel" if metric == "ppl" else metric,
+                             sensitivity=sensitivity, float_zero_points=float_zero_points,
+                             awq=awq, fallback=fallback)
+        if metric == "ppl":
+            qw.output_metric = ppl
+        result = qw.run(model)
     out = to_onnx(model)
     if restore is not None:
         restore(proto)
@@ -65,6 +69,24 @@ def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = N
     if not list(out.metadata_props):
         out.metadata_props.extend(meta)
     return out, result.stats
+
+
+def ppl(feeds, reference, candidate) -> float:
+    """``perplexity(candidate) / perplexity(reference) - 1`` of the next tokens of the feeds'
+    ``input_ids`` under every position's logits (:func:`every_position`), natural log, float64:
+    the decoder's budget metric ``metric="ppl"``."""
+    def nll(outputs):
+        total, count = 0.0, 0
+        for feed, out in zip(feeds, outputs):
+            ids = np.asarray(feed["input_ids"])[0]
+            z = np.asarray(out["logits"], np.float64)[0][:-1]
+            z = z - z.max(-1, keepdims=True)
+            total -= float((z[np.arange(len(ids) - 1), ids[1:]]
+                            - np.log(np.exp(z).sum(-1))).sum())
+            count += len(ids) - 1
+        return total / count
+
+    return float(np.exp(nll(candidate) - nll(reference)) - 1.0)
 
 
 def every_position(proto: onnx.ModelProto):
@@ -117,4 +139,4 @@ def decoder_feeds(proto: onnx.ModelProto, ids: np.ndarray, window: int = 256):
         yield feed
 
 
-__all__ = ["WEIGHT_FORMATS", "decoder_feeds", "every_position", "quantize_decoder"]
+__all__ = ["WEIGHT_FORMATS", "decoder_feeds", "every_position", "ppl", "quantize_decoder"]

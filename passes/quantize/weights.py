@@ -45,7 +45,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 import numpy as np
 
@@ -512,6 +512,10 @@ class QuantizeWeights(CalibratingPass):
     budget_label = "quantize-weights"
     _form = NBITS
     _absmax = False
+    output_metric: Optional[Callable[[list, list, list], float]] = None
+    """A caller's model-output error for the budget in place of ``metric``: ``(feeds, reference
+    outputs, candidate outputs) -> error``, its ``__name__`` reported as the metric
+    (``quantize_decoder``'s ``metric="ppl"``); not a pipeline option."""
 
     @dataclass
     class Options:
@@ -815,7 +819,10 @@ class QuantizeWeights(CalibratingPass):
             if fallback:
                 apply_nbits(trial, [wl for wl in layers if wl not in subset], fallback,
                             accuracy_level, self._form)
-            return output_error(reference, run_model(trial, feeds, optimize=level), o.metric)
+            got = run_model(trial, feeds, optimize=level)
+            if self.output_metric is not None:
+                return self.output_metric(feeds, reference, got)
+            return output_error(reference, got, o.metric)
 
         all_low = error_of(layers)
         alone: Dict[int, float] = {}
@@ -838,7 +845,8 @@ class QuantizeWeights(CalibratingPass):
             error = error_of([])
             result.history.append((result.count, error))
             within = error <= o.budget
-        stats.update(budget=o.budget, metric=o.metric, measured_with=level,
+        stats.update(budget=o.budget, metric=getattr(self.output_metric, "__name__", o.metric),
+                     measured_with=level,
                      calibration_feeds=len(feeds), error=_round(error),
                      within_budget=within and not math.isnan(error),
                      search={"seconds": round(time.perf_counter() - start, 3),

@@ -136,3 +136,37 @@ def test_blockcodes_roundtrip_for_fallback():
     c = quantize_blocks(w, 8, 64)
     assert isinstance(c, BlockCodes) and c.bits == 8
     assert np.abs(c.dequantize() - w).max() < np.abs(w).max() / 100
+
+
+def test_ppl_metric_is_the_relative_perplexity_increase():
+    from passctl.passes.decoder.quantize import ppl
+
+    rng = np.random.default_rng(1)
+    feeds = [{"input_ids": rng.integers(0, 7, (1, 5))} for _ in range(2)]
+    ref = [{"logits": rng.normal(size=(1, 5, 7))} for _ in range(2)]
+    cand = [{"logits": r["logits"] + rng.normal(size=(1, 5, 7))} for r in ref]
+
+    def nll(outs):
+        tot = []
+        for f, o in zip(feeds, outs):
+            z = o["logits"][0][:-1]
+            p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+            tot += list(-np.log(p[np.arange(4), f["input_ids"][0][1:]]))
+        return np.mean(tot)
+
+    assert ppl(feeds, ref, ref) == pytest.approx(0.0, abs=1e-12)
+    assert ppl(feeds, ref, cand) == pytest.approx(np.exp(nll(cand) - nll(ref)) - 1, rel=1e-9)
+
+
+def test_export_decoder_ppl_budget_needs_calibration_text():
+    import argparse
+
+    from passctl.ir.errors import UserError
+    from passctl.tools.export_decoder import _quantize_options
+
+    args = argparse.Namespace(weights="int4", ppl_budget=0.05, awq=False, calib_text=None,
+                              fallback="int8", max_length=64)
+    with pytest.raises(UserError, match="--calib-text"):
+        _quantize_options(args, tokenizer=object())
+    args.ppl_budget = None
+    assert _quantize_options(args, tokenizer=None) == {}
