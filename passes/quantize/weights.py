@@ -813,16 +813,16 @@ class QuantizeWeights(CalibratingPass):
         feeds, reference, level = self.reference_run(model, parse_dims(o.dims, self.name))
         start = time.perf_counter()
 
-        def error_of(subset):
+        def error_of(subset, n=len(feeds)):
             trial = clone_model(model)
             apply_nbits(trial, subset, codes, accuracy_level, self._form)
             if fallback:
                 apply_nbits(trial, [wl for wl in layers if wl not in subset], fallback,
                             accuracy_level, self._form)
-            got = run_model(trial, feeds, optimize=level)
+            got = run_model(trial, feeds[:n], optimize=level)
             if self.output_metric is not None:
-                return self.output_metric(feeds, reference, got)
-            return output_error(reference, got, o.metric)
+                return self.output_metric(feeds[:n], reference[:n], got)
+            return output_error(reference[:n], got, o.metric)
 
         all_low = error_of(layers)
         alone: Dict[int, float] = {}
@@ -832,7 +832,9 @@ class QuantizeWeights(CalibratingPass):
             sensitivity = ("output" if len(layers) <= OUTPUT_RANKING_MAX else
                            "layer" if layer_err else "weight")
         if all_low > o.budget and sensitivity == "output":
-            alone = {wl.layer.position: error_of([wl]) for wl in layers}
+            # over OUTPUT_RANKING_MAX layers (asked for explicitly): the first feed only
+            n = len(feeds) if len(layers) <= OUTPUT_RANKING_MAX else 1
+            alone = {wl.layer.position: error_of([wl], n) for wl in layers}
             rank = alone
         elif sensitivity == "layer":
             rank = {wl.layer.position: layer_err.get(wl.layer.position, werr[wl.layer.position])

@@ -2,8 +2,10 @@
 ``export-decoder --weights``: perplexity on tests/data/public_domain_text.txt (2,118 tokens) of
 the emitted artifact against the float32 artifact's (itself checked against transformers at
 export). int8 (block 64, int8 compute) within +1%; int4 on the weights' own Q4_1 grid (block 32, float zero
-points; LM head float32) equal to fp32 within 0.1%. int4 with block 128 does not meet issue 18's
-+5% (docs/quantize-weights.md records +94..146%); this test records that it is worse than int8."""
+points; LM head float32) equal to fp32 within 0.1%. int4 with block 128 for every layer does not
+meet issue 18's +5% (docs/quantize-weights.md records +94..146%, AWQ +139%); this test records
+that it is worse than int8. The budget recipe (int4 block 128, layers returned to int8 while the
+calibration text's perplexity is over +3%) meets +5% with 5 of 121 MatMuls int4."""
 
 from __future__ import annotations
 
@@ -77,6 +79,9 @@ def test_int8_artifact_within_one_percent_and_int4_q4_1_grid_exact(artifacts, tm
     assert perplexity(str(int4), ids) > perplexity(str(int8), ids)
 
 
+BUDGET = 0.03
+"""+3% on the calibration text: measured +2.39% on the evaluation text (5 of 121 MatMuls int4);
++4% kept 29 int4 and gave +10.1% (docs/quantize-weights.md)."""
 CALIB_TOKENS = 2224
 """The budget's calibration text: the repository's LICENSE (the Apache-2.0 text, 2,224 SmolLM2
 tokens), not the 2,118-token evaluation text. Like the evaluation text (the Declaration of
