@@ -480,7 +480,11 @@ class QuantizeWeights(CalibratingPass):
          feeds (``calib=`` or seeded random ones, amp's ``output_error`` under ``metric``) is
          measured as shipped (``ORT_ENABLE_ALL``); while over it, layers return to float32 in
          order of their model-output error alone (one run per layer up to 64 layers, else their
-         relative weight error), the fewest leading ones found by amp's ``search_fp32_set``.
+         relative weight error; ``sensitivity=layer``: their calibration output error), the
+         fewest leading ones found by amp's ``search_fp32_set``; ``fallback=int8`` returns them
+         to 8 bits instead.
+      5. ``awq=true``: AWQ scales folded into the graph before quantizing
+         (:mod:`passctl.passes.quantize.awq`).
 
     TensorRT form (``passctl.passes.lowering.weight_quant.dq_matmul_per_channel`` /
     ``dq_matmul_blocked``; sources there): int8 is one scale per output column
