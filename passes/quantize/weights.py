@@ -734,12 +734,12 @@ class QuantizeWeights(CalibratingPass):
         for wl in layers:
             p = wl.layer.position
             low = fallback.get(p) if p in why else codes[p]
+            shown = codes[p] if low is None else low
             row = {"name": wl.layer.name, "op": wl.layer.op, "K": wl.shape[0],
                    "N": wl.shape[1], "bits": low.bits if low is not None else 32,
-                   "block": ("per-column" if form == DQ and (codes[p] if low is None else low).bits == 8
-                             else (codes[p] if low is None else low).block),
-                   "weight_error": _round(werr[p] if low is codes[p] else
-                                          weight_error(low, wl.w) if low is not None else 0.0)}
+                   "block": ("per-column" if form == DQ and shown.bits == 8 else shown.block),
+                   "weight_error": _round(weight_error(low, wl.w) if low is not None
+                                          and low is not codes[p] else werr[p])}
             if p in layer_err:
                 row["layer_error"] = _round(layer_err[p])
             if p in alone:

@@ -61,7 +61,8 @@ def test_awq_fold_is_exact_against_onnxruntime(decoder):
     err = max(float(np.abs(a["logits"] - b["logits"]).max() / np.abs(b["logits"]).max())
               for a, b in zip(got, ref))
     assert err < 1e-5
-    changed = {t.name for t in folded.graph.initializer} - {t.name for t in decoder.graph.initializer}
+    changed = ({t.name for t in folded.graph.initializer}
+               - {t.name for t in decoder.graph.initializer})
     assert any("layernorm" in n and n.endswith("_awq") for n in changed)
     assert any("gate_up" in n and n.endswith("_awq") for n in changed)
 
