@@ -186,7 +186,11 @@ def _norm_group(x: Value, members: List[int], k: int, index) -> Optional[AwqGrou
             return None
     if p.op_type == "SkipSimplifiedLayerNormalization" and len(p.inputs) > 3 and p.inputs[3]:
         return None  # a bias is added before normalizing; gamma alone still scales the output
-    return AwqGroup(list(members), x.name, k, "norm", index[id(p)])
+    g = AwqGroup(list(members), x.name, k, "norm", index[id(p)])
+    axis = int(p.attr("axis", -1))
+    if axis != -1:  # gamma scales the normalized axis, which must be X's channels
+        g.last_axes = [axis]
+    return g
 
 
 def _linear_group(x: Value, members: List[int], k: int, index) -> Optional[AwqGroup]:
