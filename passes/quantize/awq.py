@@ -235,17 +235,20 @@ def collect(model: Model, groups: List[AwqGroup], feeds: Feeds, seed: int = 0) -
     values = {v.name: v for n in work.graph for v in n.outputs if v is not None}
     originals = [v.name for v in work.graph.outputs]
     exposed = []
-    for g in groups:
-        v = values[g.value]
+    for name in dict.fromkeys(g.value for g in groups):
+        v = values.get(name)  # None: a graph input, read from the feeds
+        if v is None or name in originals:
+            continue
         if v.type is None:
             v.type = TensorType(DataType.FLOAT, None)
         exposed.append(v)
     work.graph.outputs = list(work.graph.outputs) + exposed
     rows: Dict[str, List[np.ndarray]] = {g.value: [] for g in groups}
     rank: Dict[str, int] = {}
-    for r in run_model(work, feeds, outputs=originals + [g.value for g in groups], optimize=True):
+    results = run_model(work, feeds, outputs=originals + [v.name for v in exposed], optimize=True)
+    for feed, r in zip(feeds, results):
         for g in groups:
-            a = np.asarray(r[g.value], np.float32)
+            a = np.asarray(r[g.value] if g.value in r else feed[g.value], np.float32)
             rank[g.value] = a.ndim
             rows[g.value].append(a.reshape(-1, g.k))
     rng = np.random.default_rng(seed)
