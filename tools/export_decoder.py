@@ -51,6 +51,17 @@ def add_parser(sub) -> None:
     p.add_argument("--keep-layout", action="store_true",
                    help="an .onnx MODEL: run it as it is (past-key-values, a growing cache) "
                         "instead of rewriting it into the static cache")
+    p.add_argument("--ppl-budget", type=float, default=None, metavar="FRACTION",
+                   help="--weights int4/int8 budget: the perplexity increase allowed on "
+                        "--calib-text (0.05: +5%%); layers return to --fallback, most sensitive "
+                        "first, while over it (docs/quantize-weights.md)")
+    p.add_argument("--calib-text", default=None, metavar="FILE",
+                   help="calibration text for --ppl-budget / --awq (not the text you evaluate "
+                        "on)")
+    p.add_argument("--awq", action="store_true",
+                   help="AWQ scales from --calib-text before quantizing (Lin et al. 2024)")
+    p.add_argument("--fallback", choices=("int8", "float"), default="int8",
+                   help="what --ppl-budget returns a layer to (default int8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
 
 
@@ -130,7 +141,8 @@ def _commit(tmp: str, out: str) -> None:
 
 def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAULT_MAX_LENGTH,
                              check: bool = True, source: str = "", weight_format: str = "fp32",
-                             block: Optional[int] = None, symmetric: bool = True) -> dict:
+                             block: Optional[int] = None, symmetric: bool = True,
+                             quantize: Optional[dict] = None) -> dict:
     """Write the ``passctl-static-kv`` artifact of transformers decoder ``model`` into ``out``.
 
     Args:
@@ -144,7 +156,8 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
             tokens is recorded in the manifest (``weights.logits_error``).
         weight_format: ``fp32``, ``int8`` or ``int4``: MatMul/Gemm weights as MatMulNBits
             (:func:`passctl.passes.decoder.quantize.quantize_decoder`), ``block`` and
-            ``symmetric`` as the quantize-weights pass takes them.
+            ``symmetric`` as the quantize-weights pass takes them; ``quantize``: more keyword
+            arguments of ``quantize_decoder`` (``calib_ids``, ``budget``, ``awq``, ``fallback``).
 
     Returns:
         The manifest written to ``out/decoder.json``.
@@ -194,7 +207,7 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
             _check(tmp, model, spec.vocab_size)
         if weight_format != "fp32":
             manifest["weights"] = _quantize_artifact(tmp, manifest, weight_format, block, symmetric,
-                                                     check)
+                                                     check, quantize or {})
         _commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -203,7 +216,7 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
 
 
 def _quantize_artifact(folder: str, manifest: dict, weights: str, block: Optional[int],
-                       symmetric: bool, check: bool) -> dict:
+                       symmetric: bool, check: bool, options: dict) -> dict:
     """Rewrite ``folder``'s model with quantized weights; returns the manifest's ``weights``."""
     import onnx
 
@@ -214,7 +227,8 @@ def _quantize_artifact(folder: str, manifest: dict, weights: str, block: Optiona
                    np.int64)
     before = _logits(folder, ids) if check else None
     proto = onnx.load(path)
-    quantized, stats = quantize_decoder(proto, WEIGHT_FORMATS[weights], block, symmetric)
+    quantized, stats = quantize_decoder(proto, WEIGHT_FORMATS[weights], block, symmetric,
+                                        **options)
     del proto
     os.remove(os.path.join(folder, "model.onnx.data"))
     onnx.save_model(quantized, path, save_as_external_data=True, all_tensors_to_one_file=True,
@@ -225,6 +239,9 @@ def _quantize_artifact(folder: str, manifest: dict, weights: str, block: Optiona
             "symmetric": symmetric, "accuracy_level": stats["accuracy_level"],
             "quantized_layers": stats["quantized_layers"], "float_layers": stats["float_layers"],
             "layers": stats["layers"]}
+    for key in ("fallback_layers", "budget", "metric", "error", "within_budget", "awq"):
+        if key in stats:
+            info[key] = stats[key]
     if before is not None:
         after = _logits(folder, ids)
         info["logits_error"] = float(f"{max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(after, before)):.4g}")
@@ -403,6 +420,33 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None,
     return manifest
 
 
+def _quantize_options(args, tokenizer) -> dict:
+    """``quantize_decoder`` keywords of ``--ppl-budget`` / ``--awq`` / ``--fallback`` /
+    ``--calib-text`` (the text tokenized by the model's tokenizer; windows of at most
+    ``--max-length`` tokens; the budget's metric ``ppl``, layers ranked by their calibration
+    error, ``sensitivity=layer``).
+
+    Raises:
+        UserError: ``--ppl-budget`` / ``--awq`` without ``--weights`` or ``--calib-text``, or an
+            unreadable ``--calib-text``.
+    """
+    budget, awq = getattr(args, "ppl_budget", None), getattr(args, "awq", False)
+    if budget is None and not awq:
+        return {}
+    if args.weights == "fp32" or not getattr(args, "calib_text", None) or tokenizer is None:
+        raise UserError("--ppl-budget / --awq need --weights int4|int8, --calib-text FILE and a "
+                        "tokenizer")
+    try:
+        with open(args.calib_text, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise UserError(f"--calib-text {args.calib_text}: {e.strerror}") from None
+    ids = np.asarray(tokenizer(text)["input_ids"], np.int64)
+    return {"calib_ids": ids, "window": min(256, args.max_length), "budget": budget, "awq": awq,
+            "fallback": args.fallback if args.weights == "int4" else "float",
+            "sensitivity": "layer", "metric": "ppl"}
+
+
 def main(args, console) -> int:
     from passctl.tools.model_source import resolve_model_path
 
@@ -425,7 +469,8 @@ def main(args, console) -> int:
         model, tokenizer = load_transformers_model(path)
         manifest = export_from_transformers(model, tokenizer, args.out, args.max_length,
                                             source=args.model, weight_format=args.weights,
-                                            block=args.block, symmetric=not args.asymmetric)
+                                            block=args.block, symmetric=not args.asymmetric,
+                                            quantize=_quantize_options(args, tokenizer))
     if not args.quiet:
         console.print(f"wrote {args.out}: layout {manifest['layout']}, {manifest['num_layers']} "
                       f"layers, cache {manifest['max_length'] or 'dynamic'}, tokenizer "

@@ -26,12 +26,18 @@ def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = N
                      exclude: str = "", float_zero_points: bool = False,
                      calib_ids: Optional[Sequence[int]] = None, window: int = 256,
                      budget: Optional[float] = None, metric: str = "mean-rel",
-                     sensitivity: str = "auto") -> Tuple[onnx.ModelProto, Dict[str, Any]]:
+                     sensitivity: str = "auto", awq: bool = False, fallback: str = "float"
+                     ) -> Tuple[onnx.ModelProto, Dict[str, Any]]:
     """``(quantized ModelProto, the pass's statistics)`` of decoder ``proto`` (float32).
 
-    ``calib_ids`` (token ids of calibration text) are the calibration feeds of ``method=gptq``
-    and of ``budget`` (the last-token logits' error under ``metric``): the text is cut into
-    ``window``-token prefill chunks, each run with an empty cache (:func:`decoder_feeds`).
+    ``calib_ids`` (token ids of calibration text) are the calibration feeds of ``method=gptq``,
+    ``awq`` and ``budget``: the text is cut into ``window``-token prefill chunks, each run with an
+    empty cache (:func:`decoder_feeds`). While the pass runs, the graph returns the logits of
+    every position of a chunk, not only the last one (:func:`every_position`; restored after),
+    so the budget's error under ``metric`` is over all calibration tokens' logits and AWQ sees
+    every token's LM-head input. ``metric="ppl"`` makes the budget a relative perplexity
+    increase on the calibration text (:func:`ppl`; e.g. 0.05 for +5%). ``awq`` and ``fallback``
+    are the pass's options (docs/quantize-weights.md).
 
     Raises:
         UserError: a bad option (see ``QuantizeWeights.Options``).
@@ -39,6 +45,7 @@ def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = N
     from passctl.ir import from_onnx, to_onnx
     from passctl.passes.quantize.weights import QuantizeWeights
 
+    restore = every_position(proto) if calib_ids is not None else None
     model = from_onnx(proto)
     meta = list(proto.metadata_props)
     with tempfile.TemporaryDirectory(prefix="passctl-decoder-calib-") as folder:
@@ -47,14 +54,70 @@ def quantize_decoder(proto: onnx.ModelProto, bits: int, block: Optional[int] = N
             calib = folder
             for k, feed in enumerate(decoder_feeds(proto, np.asarray(calib_ids), window)):
                 np.savez(os.path.join(folder, f"feed{k:03d}.npz"), **feed)
-        result = QuantizeWeights(bits=bits, block=block, symmetric=symmetric, method=method,
-                                 accuracy_level=accuracy_level, exclude=exclude, calib=calib,
-                                 budget=budget, metric=metric, sensitivity=sensitivity,
-                                 float_zero_points=float_zero_points).run(model)
+        qw = QuantizeWeights(bits=bits, block=block, symmetric=symmetric, method=method,
+                             accuracy_level=accuracy_level, exclude=exclude, calib=calib,
+                             budget=budget, metric="mean-rel" if metric == "ppl" else metric,
+                             sensitivity=sensitivity, float_zero_points=float_zero_points,
+                             awq=awq, fallback=fallback)
+        if metric == "ppl":
+            qw.output_metric = ppl
+        result = qw.run(model)
     out = to_onnx(model)
+    if restore is not None:
+        restore(proto)
+        restore(out)
     if not list(out.metadata_props):
         out.metadata_props.extend(meta)
     return out, result.stats
+
+
+def ppl(feeds, reference, candidate) -> float:
+    """``perplexity(candidate) / perplexity(reference) - 1`` of the next tokens of the feeds'
+    ``input_ids`` under every position's logits (:func:`every_position`), natural log, float64:
+    the decoder's budget metric ``metric="ppl"``."""
+    def nll(outputs):
+        total, count = 0.0, 0
+        for feed, out in zip(feeds, outputs):
+            ids = np.asarray(feed["input_ids"])[0]
+            z = np.asarray(out["logits"], np.float64)[0][:-1]
+            z = z - z.max(-1, keepdims=True)
+            total -= float((z[np.arange(len(ids) - 1), ids[1:]]
+                            - np.log(np.exp(z).sum(-1))).sum())
+            count += len(ids) - 1
+        return total / count
+
+    return float(np.exp(nll(candidate) - nll(reference)) - 1.0)
+
+
+def every_position(proto: onnx.ModelProto):
+    """Make ``passctl-static-kv`` decoder ``proto`` return every position's logits (in place):
+    the last-token ``Slice``'s start becomes 0 and the logits shape ``[batch, -1, vocab]``.
+    Returns a function that puts a proto (this one, or the graph written from it) back."""
+    from onnx import numpy_helper
+
+    g = proto.graph
+    inits = {t.name: t for t in g.initializer}
+    if "last.start" not in inits or "logits.tail" not in inits:
+        return lambda p: None
+    saved = {k: onnx.TensorProto() for k in ("last.start", "logits.tail")}
+    for k, t in saved.items():
+        t.CopyFrom(inits[k])
+    vocab = int(g.output[0].type.tensor_type.shape.dim[-1].dim_value)
+    dim = onnx.TensorShapeProto.Dimension()
+    dim.CopyFrom(g.output[0].type.tensor_type.shape.dim[1])
+    inits["last.start"].CopyFrom(numpy_helper.from_array(np.array([0], np.int64), "last.start"))
+    inits["logits.tail"].CopyFrom(numpy_helper.from_array(np.array([-1, vocab], np.int64),
+                                                          "logits.tail"))
+    g.output[0].type.tensor_type.shape.dim[1].CopyFrom(onnx.TensorShapeProto.Dimension(
+        dim_param="sequence"))
+
+    def restore(p: onnx.ModelProto) -> None:
+        for t in p.graph.initializer:
+            if t.name in saved:
+                t.CopyFrom(saved[t.name])
+        p.graph.output[0].type.tensor_type.shape.dim[1].CopyFrom(dim)
+
+    return restore
 
 
 def decoder_feeds(proto: onnx.ModelProto, ids: np.ndarray, window: int = 256):
@@ -76,4 +139,4 @@ def decoder_feeds(proto: onnx.ModelProto, ids: np.ndarray, window: int = 256):
         yield feed
 
 
-__all__ = ["WEIGHT_FORMATS", "decoder_feeds", "quantize_decoder"]
+__all__ = ["WEIGHT_FORMATS", "decoder_feeds", "every_position", "ppl", "quantize_decoder"]

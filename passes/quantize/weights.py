@@ -45,7 +45,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 import numpy as np
 
@@ -480,7 +480,11 @@ class QuantizeWeights(CalibratingPass):
          feeds (``calib=`` or seeded random ones, amp's ``output_error`` under ``metric``) is
          measured as shipped (``ORT_ENABLE_ALL``); while over it, layers return to float32 in
          order of their model-output error alone (one run per layer up to 64 layers, else their
-         relative weight error), the fewest leading ones found by amp's ``search_fp32_set``.
+         relative weight error; ``sensitivity=layer``: their calibration output error), the
+         fewest leading ones found by amp's ``search_fp32_set``; ``fallback=int8`` returns them
+         to 8 bits instead.
+      5. ``awq=true``: AWQ scales folded into the graph before quantizing
+         (:mod:`passctl.passes.quantize.awq`).
 
     TensorRT form (``passctl.passes.lowering.weight_quant.dq_matmul_per_channel`` /
     ``dq_matmul_blocked``; sources there): int8 is one scale per output column
@@ -512,6 +516,10 @@ class QuantizeWeights(CalibratingPass):
     budget_label = "quantize-weights"
     _form = NBITS
     _absmax = False
+    output_metric: Optional[Callable[[list, list, list], float]] = None
+    """A caller's model-output error for the budget in place of ``metric``: ``(feeds, reference
+    outputs, candidate outputs) -> error``, its ``__name__`` reported as the metric
+    (``quantize_decoder``'s ``metric="ppl"``); not a pipeline option."""
 
     @dataclass
     class Options:
@@ -538,8 +546,14 @@ class QuantizeWeights(CalibratingPass):
             calib, samples, seed, dims: calibration feeds as for amp / quantize.
             exclude: node names or op types that stay float32 (``;``-separated).
             sensitivity: ranking for the budget: ``output`` (model-output error with only that
-                layer quantized, one run per layer), ``weight`` (relative weight error, no run)
-                or ``auto`` (``output`` up to 64 layers).
+                layer quantized, one run per layer), ``weight`` (relative weight error, no run),
+                ``layer`` (the layer's own calibration output error ``||X W - X Wq|| / ||X W||``,
+                from one calibration run, the one ``awq`` makes) or ``auto`` (``output`` up to 64
+                layers, else ``layer`` with ``awq``, else ``weight``).
+            awq: AWQ scales (:mod:`passctl.passes.quantize.awq`, Lin et al. 2024) from the
+                calibration feeds, folded into the preceding norm / MatMul, before quantizing.
+            fallback: what a layer the budget returns becomes: ``float`` (float32) or ``int8``
+                (bits=4 only: MatMulNBits 8 bits, block 64; per column for TensorRT).
             target: target profile name (default: the compile context's).
         """
 
@@ -557,7 +571,9 @@ class QuantizeWeights(CalibratingPass):
         seed: int = 0
         dims: str = ""
         exclude: str = ""
-        sensitivity: Literal["auto", "output", "weight"] = "auto"
+        sensitivity: Literal["auto", "output", "weight", "layer"] = "auto"
+        awq: bool = False
+        fallback: Literal["float", "int8"] = "float"
         target: str = "cpu"
 
         def __post_init__(self) -> None:
@@ -581,6 +597,14 @@ class QuantizeWeights(CalibratingPass):
                                 "symmetric=false or absmax=true")
             if self.method not in ("rtn", "mse", "gptq"):
                 raise UserError(f"quantize-weights: method={self.method}; use rtn, mse or gptq")
+            if self.fallback not in ("float", "int8"):
+                raise UserError(f"quantize-weights: fallback={self.fallback}; use float or int8")
+            if self.fallback == "int8" and self.bits == 8:
+                raise UserError("quantize-weights: fallback=int8 is for bits=4; drop it")
+            if self.sensitivity not in ("auto", "output", "weight", "layer"):
+                raise UserError(f"quantize-weights: sensitivity={self.sensitivity}; use auto, "
+                                "output, weight or layer")
+
             if self.budget is not None:
                 check_search_options("quantize-weights", self.budget, self.samples,
                                      self.metric, "1e-2")
@@ -661,6 +685,10 @@ class QuantizeWeights(CalibratingPass):
                                               + (" with block_size)" if o.bits == 4 else
                                                  " per channel)")), need]
         layers, why_not = _weight_layers(model, exclude)
+        layer_err: Dict[int, float] = {}
+        if (o.awq or o.sensitivity == "layer") and layers:
+            layer_err = self._awq(model, layers, block, stats)
+            layers, why_not = _weight_layers(model, exclude)  # the scaled weights
         if form == DQ and o.bits == 4:
             kept = []
             for wl in layers:
@@ -674,6 +702,7 @@ class QuantizeWeights(CalibratingPass):
         rtn_fallback: List[str] = []
         before = sum(wl.w.nbytes for wl in layers)
         size_of = _dq_bytes if form == DQ else _nbits_bytes
+        fallback: Dict[int, BlockCodes] = {}
         if o.budget is None and o.method != "gptq":
             # Every layer quantized, no model run: one layer at a time (read, quantize, lower,
             # drop), so a 7B model's weights are never all in memory (issue 18, "streams").
@@ -687,24 +716,42 @@ class QuantizeWeights(CalibratingPass):
                 stats["gptq_rtn_fallback"] = rtn_fallback
             chosen, alone, why = layers, {}, {}
             if o.budget is not None and layers:
-                chosen, alone, why = self._search(model, layers, codes, werr, stats, level)
+                if o.fallback == "int8":
+                    fallback = {wl.layer.position: quantize_blocks(
+                        wl.w, 8, 0 if form == DQ else 64, True, "rtn", False, _scale_dtype(wl),
+                        self._absmax) for wl in layers}
+                chosen, alone, why = self._search(model, layers, codes, werr, stats, level,
+                                                  layer_err, fallback)
+            back = [wl for wl in layers if wl not in chosen and fallback]
             after = sum(size_of(codes[wl.layer.position], np.dtype(_scale_dtype(wl)).itemsize)
-                        if wl in chosen else wl.w.nbytes
+                        if wl in chosen else
+                        size_of(fallback[wl.layer.position], np.dtype(_scale_dtype(wl)).itemsize)
+                        if wl in back else wl.w.nbytes
                         for wl in layers)
             apply_nbits(model, chosen, codes, level, form)
+            apply_nbits(model, back, fallback, level, form)
         rows: List[Dict[str, Any]] = [{"name": k, "bits": 32, "why": v} for k, v in why_not.items()]
         for wl in layers:
             p = wl.layer.position
+            low = fallback.get(p) if p in why else codes[p]
+            shown = codes[p] if low is None else low
             row = {"name": wl.layer.name, "op": wl.layer.op, "K": wl.shape[0],
-                   "N": wl.shape[1], "bits": o.bits if p not in why else 32,
-                   "block": codes[p].block if block or form == NBITS else "per-column",
-                   "weight_error": _round(werr[p])}
+                   "N": wl.shape[1], "bits": low.bits if low is not None else 32,
+                   "block": ("per-column" if form == DQ and shown.bits == 8 else shown.block),
+                   "weight_error": _round(weight_error(low, wl.w) if low is not None
+                                          and low is not codes[p] else werr[p])}
+            if p in layer_err:
+                row["layer_error"] = _round(layer_err[p])
             if p in alone:
                 row["output_error"] = _round(alone[p])
             if p in why:
                 row["why"] = why[p]
             rows.append(row)
-        stats.update(quantized_layers=len(chosen), float_layers=len(rows) - len(chosen),
+        if fallback:
+            stats["fallback_layers"] = len(layers) - len(chosen)
+        stats.update(quantized_layers=len(chosen),
+                     float_layers=len(rows) - len(chosen) - (len(layers) - len(chosen)
+                                                             if fallback else 0),
                      layers=rows, weight_bytes=[int(before), int(after)])
         logger.info("quantize-weights: %d of %d layers int%d (%s)", len(chosen), len(layers),
                     o.bits, form)
@@ -763,35 +810,91 @@ class QuantizeWeights(CalibratingPass):
         werr = {wl.layer.position: weight_error(codes[wl.layer.position], wl.w) for wl in layers}
         return codes, werr
 
-    def _search(self, model, layers, codes, werr, stats, accuracy_level):
+    def _search(self, model, layers, codes, werr, stats, accuracy_level, layer_err, fallback):
+        """The budget search: ``(layers kept at bits, {position: error alone}, {position: why
+        returned})``; returned layers become ``fallback``'s codes (float32 when empty)."""
         o = self.options
         feeds, reference, level = self.reference_run(model, parse_dims(o.dims, self.name))
         start = time.perf_counter()
 
-        def error_of(subset):
+        def error_of(subset, n=len(feeds)):
             trial = clone_model(model)
             apply_nbits(trial, subset, codes, accuracy_level, self._form)
-            return output_error(reference, run_model(trial, feeds, optimize=level), o.metric)
+            if fallback:
+                apply_nbits(trial, [wl for wl in layers if wl not in subset], fallback,
+                            accuracy_level, self._form)
+            got = run_model(trial, feeds[:n], optimize=level)
+            if self.output_metric is not None:
+                return self.output_metric(feeds[:n], reference[:n], got)
+            return output_error(reference[:n], got, o.metric)
 
         all_low = error_of(layers)
         alone: Dict[int, float] = {}
         rank = {wl.layer.position: werr[wl.layer.position] for wl in layers}
-        per_layer = o.sensitivity == "output" or (o.sensitivity == "auto"
-                                                  and len(layers) <= OUTPUT_RANKING_MAX)
-        if all_low > o.budget and per_layer:
-            alone = {wl.layer.position: error_of([wl]) for wl in layers}
+        sensitivity = o.sensitivity
+        if sensitivity == "auto":
+            sensitivity = ("output" if len(layers) <= OUTPUT_RANKING_MAX else
+                           "layer" if layer_err else "weight")
+        if all_low > o.budget and sensitivity == "output":
+            # over OUTPUT_RANKING_MAX layers (asked for explicitly): the first feed only
+            n = len(feeds) if len(layers) <= OUTPUT_RANKING_MAX else 1
+            alone = {wl.layer.position: error_of([wl], n) for wl in layers}
             rank = alone
+        elif sensitivity == "layer":
+            rank = {wl.layer.position: layer_err.get(wl.layer.position, werr[wl.layer.position])
+                    for wl in layers}
         ranking = sorted(layers, key=lambda wl: (-rank[wl.layer.position], wl.layer.position))
-        result = search_fp32_set(ranking, lambda k: error_of(ranking[k:]), o.budget, {0: all_low})
-        stats.update(budget=o.budget, metric=o.metric, measured_with=level,
-                     calibration_feeds=len(feeds), error=_round(result.error),
-                     within_budget=result.within_budget and not math.isnan(result.error),
+        result = search_fp32_set(ranking, lambda k: error_of(ranking[k:]), o.budget,
+                                 {0: all_low})
+        error, within = result.error, result.within_budget
+        if fallback and result.count == len(layers):  # every layer int8: measured, not 0
+            error = error_of([])
+            result.history.append((result.count, error))
+            within = error <= o.budget
+        stats.update(budget=o.budget, metric=getattr(self.output_metric, "__name__", o.metric),
+                     measured_with=level,
+                     calibration_feeds=len(feeds), error=_round(error),
+                     within_budget=within and not math.isnan(error),
                      search={"seconds": round(time.perf_counter() - start, 3),
-                             "sensitivity": "output" if alone else "weight",
+                             "sensitivity": "output" if alone else sensitivity if
+                             sensitivity == "layer" else "weight",
+                             "fallback": o.fallback,
                              "history": [[k, _round(e)] for k, e in result.history]})
         why = {wl.layer.position: f"measured sensitivity (rank {r + 1})"
                for r, wl in enumerate(ranking[:result.count])}
         return ranking[result.count:], alone, why
+
+    def _awq(self, model: Model, layers: List[WeightLayer], block: int, stats) -> Dict[int, float]:
+        """AWQ (:mod:`passctl.passes.quantize.awq`): scales searched per group of layers on the
+        calibration feeds and folded into ``model`` (with ``awq=false``, for
+        ``sensitivity=layer``, only measured). Returns ``{position: the layer's relative
+        calibration output error}`` at the chosen scales (alpha 0 for layers not folded)."""
+        from passctl.passes.quantize import awq
+
+        o = self.options
+        feeds = calibration_inputs(model, o.calib, o.samples, o.seed,
+                                   parse_dims(o.dims, self.name), owner=self.name)
+        start = time.perf_counter()
+        groups = awq.collect(model, awq.find_groups(model, [wl.layer.position for wl in layers]),
+                             feeds, o.seed)
+        if not o.awq:  # sensitivity=layer alone: every layer measured at alpha 0, none scaled
+            for g in groups:
+                g.fold = "none"
+        nodes = list(model.graph)
+        weights = {m: awq.layer_weight(nodes[m]) for g in groups for m in g.members}
+
+        def dequantized(w):
+            return quantize_blocks(w, o.bits, block, o.symmetric, "rtn", o.float_zero_points,
+                                   np.float32, self._absmax).dequantize()
+
+        errors = awq.search(groups, weights, dequantized)
+        folded = awq.fold(model, groups)
+        stats["awq" if o.awq else "layer_calibration"] = {
+            "calibration_feeds": len(feeds), "groups": len(groups), "folded": folded,
+            "seconds": round(time.perf_counter() - start, 3),
+            "alpha": {nodes[g.members[0]].name or str(g.members[0]): g.alpha
+                      for g in groups if g.fold != "none"}}
+        return errors
 
 
 def _scale_dtype(wl: WeightLayer):
