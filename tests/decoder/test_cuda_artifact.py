@@ -185,3 +185,25 @@ def test_cuda_artifact_int8_code_planes_equal_transformers_on_the_same_weights(t
     assert r["layouts"] == ["planes"]
     assert r["tokens"] == r["ref_tokens"], r
     assert r["forced_rel"] < 1e-5, r
+
+
+@pytest.mark.slow
+def test_passctl_generate_streams_the_cuda_artifact_under_the_interpreter(exported, tmp_path):
+    """`passctl generate` on a CUDA artifact (fp32, Triton's interpreter): the streamed words are
+    transformers' greedy tokens; the timing line names the device and the bandwidth fraction."""
+    import torch
+
+    model, root, _ = exported
+    out = str(tmp_path / "out32")
+    rc, _, err = _cli("export-decoder", str(root / "src"), "-o", out, "--target", "h200",
+                      "--max-length", "32", "--dtype", "fp32", "-q")
+    assert rc == 0, err
+    rc, text, err = _cli("generate", out, "--prompt", "w5 w9 w13", "--max-new-tokens", "5",
+                         "--ignore-eos", TRITON_INTERPRET="1")
+    assert rc == 0, err
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([[5, 9, 13]]), max_new_tokens=5, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[0, 3:].tolist()
+    assert [int(w[1:]) for w in text.split()] == ref
+    assert "tokens/s (decode, cuda, h200 target), weights read at" in err
+    assert "of the h200's 4800 GB/s)" in err
