@@ -84,8 +84,8 @@ def test_generate_without_cuda_is_one_line_exit_2(exported):
     _, root, _ = exported
     rc, out, err = _cli("generate", str(root / "out"), "--prompt", "w5 w9")
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
-    assert f"'{root / 'out'}' runs on a CUDA GPU (h200 target); torch sees no CUDA device: run it " \
-           "on a GPU machine, or export for --target cpu" in err
+    assert f"'{root / 'out'}' runs on a CUDA GPU (h200 target); torch sees no CUDA device: " \
+           "run it on a GPU machine, or export for --target cpu" in err
 
 
 def test_python_generator_without_cuda_raises_the_same_user_error(exported, monkeypatch):
