@@ -9,7 +9,8 @@ nearest, from the float weights the artifact holds) and captures its decode step
 
 Choosing a token: greedy decoding runs on the device (the step's ``argmax_kernel`` writes the next
 token where the next replay reads it); the host reads the token (4 bytes, a sync per step) only
-when it needs it: streaming (``on_token``), stopping at an end token, or keeping logits. With
+when it needs it: streaming (``on_token``), stopping at an end token, or keeping logits; it then
+launches the next step before it calls ``on_token``, so the step runs while the host streams. With
 ``temperature > 0`` the host samples from the step's logits (copied back, a sync per token; the
 same sampler and seed as the ONNX Runtime generator) and writes the token to the device.
 
@@ -179,16 +180,15 @@ class CudaGenerator:
         eos = self.eos_token_ids if stop_at_eos else ()
         # greedy tokens stay on the device unless someone needs each one as it comes
         per_step = sample or bool(eos) or on_token is not None or return_logits
-        chosen, kept, steps = [], [], []
+        chosen, kept, seen = [], [], []  # seen: when each token was known on the host
         start = time.perf_counter()
         self.reset(1)
         dec.prefill(prompt[0].tolist())
         self._length = prompt.shape[1]
-        t0 = start
         for k in range(n):
             if k:
-                t0 = time.perf_counter()
-                self._decode()
+                if sample:  # greedy: launched right after the previous token was read
+                    self._decode()
                 self._length += 1
             if return_logits:
                 kept.append(dec.logits.clone())
@@ -200,20 +200,23 @@ class CudaGenerator:
                 token = int(dec.tok.item())  # waits for the step
             else:
                 token = None
+            seen.append(time.perf_counter())
             if token is not None:
                 chosen.append(token)
-            now = time.perf_counter()
-            if k == 0:
-                ttft = now - start
-            elif per_step:
-                steps.append(now - t0)
+            last = k + 1 == n or (token is not None and token in eos)
+            if not sample and not last:
+                # the next step reads its token on the device: it runs while the host streams
+                self._decode()
             if on_token is not None:
                 on_token(token)
-            if token is not None and token in eos:
+            if last:
                 break
-        if not per_step:  # read the greedy tokens once, after the last step
+        ttft = seen[0] - start
+        if per_step:
+            steps = [b - a for a, b in zip(seen, seen[1:])]
+        else:  # read the greedy tokens once, after the last step
             self._sync()
-            steps = [time.perf_counter() - start - ttft]
+            steps = [time.perf_counter() - seen[0]]
             chosen = [int(t) for t in dec.out_tokens[:n].tolist()]
         logits = (np.stack([t.float().cpu().numpy() for t in kept])[None]
                   if return_logits else None)
