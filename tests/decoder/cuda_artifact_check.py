@@ -3,7 +3,7 @@ decoder artifact (``passctl export-decoder SRC -o OUT --target h200``) exported 
 command line and run by ``passctl.Generator(OUT)`` with its tensors on the CPU, against
 transformers' fp32 model and against the ONNX Runtime artifact of the same model.
 
-    python cuda_artifact_check.py greedy OUT_ROOT   # fp32 weights
+    python cuda_artifact_check.py greedy OUT_ROOT   # fp32 weights (and fp16, looser)
     python cuda_artifact_check.py int8 OUT_ROOT     # int8 weights in code planes
 
 Prints one JSON object on stdout.
@@ -84,7 +84,13 @@ def greedy(root: str) -> dict:
     kw = dict(max_new_tokens=NEW, stop_at_eos=False, temperature=1.5, top_p=0.95, seed=7)
     sampled = gen.generate(PROMPT, **kw).tokens[0].tolist()
     ort_sampled = passctl.Generator(cpu).generate(PROMPT, **kw).tokens[0].tolist()
+    # the default dtype, fp16 (the interpreter computes in numpy's float16 where the GPU would)
+    half = passctl.Generator(_export(model, root, "cuda16", "--target", "h200", "--max-length",
+                                     "32"))
+    half_run = half.generate(PROMPT, max_new_tokens=NEW, stop_at_eos=False, return_logits=True)
     return dict(
+        fp16_tokens=half_run.tokens[0].tolist(), fp16_rel=_rel(list(half_run.logits[0]),
+                                                               ref_logits),
         generator=type(gen).__name__, ref_tokens=ref_tokens,
         deferred=deferred.tokens[0].tolist(), per_step=per_step.tokens[0].tolist(),
         streamed=streamed, forced_rel=_rel(forced, ref_logits),

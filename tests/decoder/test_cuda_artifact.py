@@ -162,12 +162,15 @@ def test_cuda_artifact_generates_transformers_greedy_tokens_under_the_interprete
     """CLI export (fp32) -> passctl.Generator(OUT) -> a CudaGenerator: greedy tokens read at the
     end, per step and streamed all equal transformers' greedy tokens; teacher-forced logits
     (reset + step) and the logits ``return_logits`` keeps within 1e-5 of transformers'; sampled
-    tokens (temperature 1.5, top-p 0.95, seed 7) equal the ONNX Runtime artifact's."""
+    tokens (temperature 1.5, top-p 0.95, seed 7) equal the ONNX Runtime artifact's; the fp16
+    artifact gives the same greedy tokens, logits within 5e-3."""
     r = _interpret("greedy", tmp_path)
     assert r["generator"] == "CudaGenerator"
     assert len(set(r["ref_tokens"])) >= 2, r  # not one repeated token
     assert r["deferred"] == r["per_step"] == r["streamed"] == r["ref_tokens"], r
     assert r["forced_rel"] < 1e-5 and r["returned_rel"] < 1e-5, r
+    # the default fp16 artifact: the same tokens, logits within fp16 rounding (measured 7e-4)
+    assert r["fp16_tokens"] == r["ref_tokens"] and 1e-5 < r["fp16_rel"] < 5e-3, r
     assert len(set(r["sampled"])) > 4 and r["sampled"] == r["ort_sampled"], r
     # fp32: 2 layers of (64 x 128 qkv, 64 x 64 o, 192 x 64 gate/up, 64 x 96 down) + 320 x 64 head
     # + one embedding row, 4 bytes each
