@@ -10,9 +10,13 @@ nearest, from the float weights the artifact holds) and captures its decode step
 Choosing a token: greedy decoding runs on the device (the step's ``argmax_kernel`` writes the next
 token where the next replay reads it); the host reads the token (4 bytes, a sync per step) only
 when it needs it: streaming (``on_token``), stopping at an end token, or keeping logits; it then
-launches the next step before it calls ``on_token``, so the step runs while the host streams. With
-``temperature > 0`` the host samples from the step's logits (copied back, a sync per token; the
-same sampler and seed as the ONNX Runtime generator) and writes the token to the device.
+launches the next step before it calls ``on_token``, so the step runs while the host streams.
+``temperature > 0`` with ``top_p`` 1 samples on the device too: the captured step ends in
+``gumbel_sample_kernel`` (Gumbel-max with Triton's counter-based Philox generator keyed by the
+seed and the step; another graph than the greedy one, captured on first use). With ``top_p < 1``
+the host samples from the step's logits (copied back, a sync per token; the ONNX Runtime
+generator's sampler and seed, so the same tokens for the same logits) and writes the token to the
+device.
 
 Tests run this module on the CPU under Triton's interpreter: with ``TRITON_INTERPRET=1`` in the
 environment (set before Triton is imported) the tensors live on the CPU and no graph is captured.
@@ -102,9 +106,27 @@ class CudaGenerator:
         del state
         self.weight_bytes = int(self.decoder.weight_bytes)
         self.memory_bandwidth = get_target(m["target"]).memory_bandwidth
+        i32 = dict(device=self.device, dtype=torch.int32)
+        self._seed = torch.zeros(1, **i32)  # device sampling: read by the captured graph
+        self._inv_temp = torch.ones(1, device=self.device, dtype=torch.float32)
+        self._sample_graph = None  # captured on the first sampled generate
         if self.device.type == "cuda":
             self.decoder.capture()
         self._length = 0
+
+    def _sample_on_device(self) -> None:
+        """Replace the step's greedy token by a draw from softmax(logits / T) (Gumbel-max,
+        ``gumbel_sample_kernel``; seed and 1 / T from device memory)."""
+        from passctl.targets.tvm import triton_decode as K
+
+        dec = self.decoder
+        K.gumbel_sample_kernel[(1,)](dec.logits, self._seed, self._inv_temp, dec.tok,
+                                     dec.out_tokens, dec.step_no, V=dec.V, BLOCK=1024,
+                                     num_warps=4)
+
+    def _sampled_step(self) -> None:
+        self.decoder.decode_step()
+        self._sample_on_device()
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -112,11 +134,18 @@ class CudaGenerator:
 
             torch.cuda.synchronize(self.device)
 
-    def _decode(self) -> None:
-        if self.decoder.graph is not None:
-            self.decoder.graph.replay()
+    def _decode(self, sampled: bool = False) -> None:
+        """One decode step: a graph replay on CUDA (with ``sampled``, the graph whose step ends
+        in the device sampler), the kernels one by one under the interpreter."""
+        dec = self.decoder
+        if self.device.type != "cuda":
+            (self._sampled_step if sampled else dec.decode_step)()
+        elif sampled:
+            if self._sample_graph is None:
+                self._sample_graph = dec.capture(self._sampled_step)
+            self._sample_graph.replay()
         else:
-            self.decoder.decode_step()
+            dec.graph.replay()
 
     # -- the ONNX Runtime generator's reset / step contract --------------------------------
     def reset(self, batch: int = 1) -> None:
@@ -175,8 +204,14 @@ class CudaGenerator:
             raise UserError(f"prompt of {prompt.shape[1]} tokens fills the cache of "
                             f"{self.max_length}; export with a larger --max-length")
         dec, n = self.decoder, int(max_new_tokens)
-        sample = temperature > 0
+        sample = temperature > 0 and top_p < 1  # nucleus sampling: on the host
+        on_device = temperature > 0 and not sample  # plain temperature: Gumbel-max on the device
         rng = np.random.default_rng(seed) if sample else None
+        if on_device:
+            if seed is None:
+                seed = int(np.random.default_rng().integers(0, 2**31 - 1))
+            self._seed.fill_(int(seed) & 0x7FFFFFFF)
+            self._inv_temp.fill_(1.0 / float(temperature))
         eos = self.eos_token_ids if stop_at_eos else ()
         # greedy tokens stay on the device unless someone needs each one as it comes
         per_step = sample or bool(eos) or on_token is not None or return_logits
@@ -184,10 +219,12 @@ class CudaGenerator:
         start = time.perf_counter()
         self.reset(1)
         dec.prefill(prompt[0].tolist())
+        if on_device:
+            self._sample_on_device()
         self._length = prompt.shape[1]
         for k in range(n):
             if k:
-                if sample:  # greedy: launched right after the previous token was read
+                if sample:  # else launched right after the previous token was read
                     self._decode()
                 self._length += 1
             if return_logits:
@@ -206,7 +243,7 @@ class CudaGenerator:
             last = k + 1 == n or (token is not None and token in eos)
             if not sample and not last:
                 # the next step reads its token on the device: it runs while the host streams
-                self._decode()
+                self._decode(sampled=on_device)
             if on_token is not None:
                 on_token(token)
             if last:

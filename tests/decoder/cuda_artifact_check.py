@@ -5,6 +5,7 @@ transformers' fp32 model and against the ONNX Runtime artifact of the same model
 
     python cuda_artifact_check.py greedy OUT_ROOT   # fp32 weights (and fp16, looser)
     python cuda_artifact_check.py int8 OUT_ROOT     # int8 weights in code planes
+    python cuda_artifact_check.py gumbel OUT_ROOT   # the device sampler's distribution
 
 Prints one JSON object on stdout.
 """
@@ -84,6 +85,11 @@ def greedy(root: str) -> dict:
     kw = dict(max_new_tokens=NEW, stop_at_eos=False, temperature=1.5, top_p=0.95, seed=7)
     sampled = gen.generate(PROMPT, **kw).tokens[0].tolist()
     ort_sampled = passctl.Generator(cpu).generate(PROMPT, **kw).tokens[0].tolist()
+    # temperature without top-p: sampled on the device (Gumbel-max), read at the end or per step
+    dev = dict(max_new_tokens=NEW, stop_at_eos=False, temperature=1.5, seed=11)
+    on_device = gen.generate(PROMPT, **dev).tokens[0].tolist()
+    on_device_streamed = gen.generate(PROMPT, on_token=lambda t: None, **dev).tokens[0].tolist()
+    other_seed = gen.generate(PROMPT, **{**dev, "seed": 12}).tokens[0].tolist()
     # the default dtype, fp16 (the interpreter computes in numpy's float16 where the GPU would)
     half = passctl.Generator(_export(model, root, "cuda16", "--target", "h200", "--max-length",
                                      "32"))
@@ -95,7 +101,8 @@ def greedy(root: str) -> dict:
         deferred=deferred.tokens[0].tolist(), per_step=per_step.tokens[0].tolist(),
         streamed=streamed, forced_rel=_rel(forced, ref_logits),
         returned_rel=_rel(list(per_step.logits[0]), ref_logits),
-        sampled=sampled, ort_sampled=ort_sampled,
+        sampled=sampled, ort_sampled=ort_sampled, on_device=on_device,
+        on_device_streamed=on_device_streamed, other_seed=other_seed,
         weight_bytes=gen.weight_bytes, fraction=per_step.bandwidth_fraction,
         tokens_per_s=per_step.tokens_per_s)
 
@@ -124,5 +131,30 @@ def int8(root: str) -> dict:
                 weight_bytes=gen.weight_bytes)
 
 
+def gumbel(_root: str) -> dict:
+    """gumbel_sample_kernel's draws from fixed logits (7 values, blocks of 4: two loop trips)
+    at 2000 counters: their frequencies against softmax(logits / T) computed with numpy."""
+    from passctl.targets.tvm import triton_decode as K
+
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0, 1.5])
+    temperature, n = 1.7, 2000
+    seed = torch.tensor([1234], dtype=torch.int32)
+    inv_t = torch.tensor([1.0 / temperature])
+    tok = torch.zeros(1, dtype=torch.int32)
+    out = torch.zeros(n + 1, dtype=torch.int32)
+    step = torch.zeros(1, dtype=torch.int32)
+    for i in range(n):
+        step.fill_(i + 1)  # the kernel draws at counter step - 1 (argmax_kernel advanced it)
+        K.gumbel_sample_kernel[(1,)](logits, seed, inv_t, tok, out, step, V=7, BLOCK=4)
+    z = logits.double().numpy() / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    freq = np.bincount(out[:n].numpy(), minlength=8) / n
+    again = out.clone()
+    K.gumbel_sample_kernel[(1,)](logits, seed, inv_t, tok, again, step, V=7, BLOCK=4)
+    return dict(p=p.tolist(), freq=freq.tolist(), n=n, last_token=int(tok[0]),
+                repeat_same=int(again[n - 1]) == int(out[n - 1]))
+
+
 if __name__ == "__main__":
-    print(json.dumps({"greedy": greedy, "int8": int8}[sys.argv[1]](sys.argv[2])))
+    print(json.dumps({"greedy": greedy, "int8": int8, "gumbel": gumbel}[sys.argv[1]](sys.argv[2])))

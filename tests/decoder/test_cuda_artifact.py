@@ -162,7 +162,8 @@ def test_cuda_artifact_generates_transformers_greedy_tokens_under_the_interprete
     """CLI export (fp32) -> passctl.Generator(OUT) -> a CudaGenerator: greedy tokens read at the
     end, per step and streamed all equal transformers' greedy tokens; teacher-forced logits
     (reset + step) and the logits ``return_logits`` keeps within 1e-5 of transformers'; sampled
-    tokens (temperature 1.5, top-p 0.95, seed 7) equal the ONNX Runtime artifact's; the fp16
+    tokens (temperature 1.5, top-p 0.95, seed 7: host sampler) equal the ONNX Runtime artifact's;
+    device-sampled tokens (temperature only) are the same read per step or at the end; the fp16
     artifact gives the same greedy tokens, logits within 5e-3."""
     r = _interpret("greedy", tmp_path)
     assert r["generator"] == "CudaGenerator"
@@ -172,11 +173,26 @@ def test_cuda_artifact_generates_transformers_greedy_tokens_under_the_interprete
     # the default fp16 artifact: the same tokens, logits within fp16 rounding (measured 7e-4)
     assert r["fp16_tokens"] == r["ref_tokens"] and 1e-5 < r["fp16_rel"] < 5e-3, r
     assert len(set(r["sampled"])) > 4 and r["sampled"] == r["ort_sampled"], r
+    # temperature alone: sampled on the device, the same draws whether read per step or at the
+    # end, others for another seed
+    assert len(set(r["on_device"])) > 4 and r["on_device"] == r["on_device_streamed"], r
+    assert r["other_seed"] != r["on_device"], r
     # fp32: 2 layers of (64 x 128 qkv, 64 x 64 o, 192 x 64 gate/up, 64 x 96 down) + 320 x 64 head
     # + one embedding row, 4 bytes each
     per_layer = 128 * 64 + 64 * 64 + 192 * 64 + 64 * 96
     assert r["weight_bytes"] == 4 * (2 * per_layer + 320 * 64 + 64)
     assert r["fraction"] == pytest.approx(r["weight_bytes"] * r["tokens_per_s"] / 4.8e12)
+
+
+@pytest.mark.slow
+def test_device_sampler_draws_from_softmax_over_temperature():
+    """gumbel_sample_kernel at 2000 counters: each token's frequency within 4 standard errors of
+    softmax(logits / T) (numpy), and the same counter and seed draw the same token again."""
+    r = _interpret("gumbel", "unused")
+    p, freq, n = np.array(r["p"]), np.array(r["freq"]), r["n"]
+    assert freq[7] == 0  # never the masked tail of the last block
+    assert np.all(np.abs(freq[:7] - p) <= 4 * np.sqrt(p * (1 - p) / n)), (freq, p)
+    assert r["repeat_same"]
 
 
 @pytest.mark.slow
@@ -210,3 +226,21 @@ def test_passctl_generate_streams_the_cuda_artifact_under_the_interpreter(export
     assert [int(w[1:]) for w in text.split()] == ref
     assert "tokens/s (decode, cuda, h200 target), weights read at" in err
     assert "of the h200's 4800 GB/s)" in err
+
+
+def test_device_sampler_compiles_for_sm_90():
+    """gumbel_sample_kernel (tl.rand keyed by a seed read from memory) through Triton's compiler
+    to PTX for the H100 / H200 (no GPU needed): the Philox rounds (mul.hi) are in it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from passctl.targets.tvm import triton_decode as K
+
+    signature = {"logits_ptr": "*fp32", "seed_ptr": "*i32", "inv_temp_ptr": "*fp32",
+                 "tok_ptr": "*i32", "out_tokens_ptr": "*i32", "step_ptr": "*i32",
+                 "V": "constexpr", "BLOCK": "constexpr"}
+    source = triton.compiler.ASTSource(fn=K.gumbel_sample_kernel, signature=signature,
+                                       constexprs={"V": 32000, "BLOCK": 1024})
+    ptx = triton.compiler.compile(source, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4}).asm["ptx"]
+    assert ".entry gumbel_sample_kernel" in ptx and ptx.count("mul.hi") >= 10
