@@ -13,7 +13,7 @@ when it needs it: streaming (``on_token``), stopping at an end token, or keeping
 launches the next step before it calls ``on_token``, so the step runs while the host streams.
 ``temperature > 0`` with ``top_p`` 1 samples on the device too: the captured step ends in
 ``gumbel_sample_kernel`` (Gumbel-max with Triton's counter-based Philox generator keyed by the
-seed and the step; another graph than the greedy one, captured on first use). With ``top_p < 1``
+seed and the step; a second graph, captured beside the greedy one). With ``top_p < 1``
 the host samples from the step's logits (copied back, a sync per token; the ONNX Runtime
 generator's sampler and seed, so the same tokens for the same logits) and writes the token to the
 device.
@@ -109,9 +109,10 @@ class CudaGenerator:
         i32 = dict(device=self.device, dtype=torch.int32)
         self._seed = torch.zeros(1, **i32)  # device sampling: read by the captured graph
         self._inv_temp = torch.ones(1, device=self.device, dtype=torch.float32)
-        self._sample_graph = None  # captured on the first sampled generate
-        if self.device.type == "cuda":
+        self._sample_graph = None
+        if self.device.type == "cuda":  # the greedy step, and the step ending in the sampler
             self.decoder.capture()
+            self._sample_graph = self.decoder.capture(self._sampled_step)
         self._length = 0
 
     def _sample_on_device(self) -> None:
@@ -141,8 +142,6 @@ class CudaGenerator:
         if self.device.type != "cuda":
             (self._sampled_step if sampled else dec.decode_step)()
         elif sampled:
-            if self._sample_graph is None:
-                self._sample_graph = dec.capture(self._sampled_step)
             self._sample_graph.replay()
         else:
             dec.graph.replay()
