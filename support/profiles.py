@@ -40,6 +40,10 @@ class TargetProfile:
             None for the CPU.
         isa: the instruction set of a CPU profile (``cpu`` is the machine passctl runs on,
             ``cpu-avx2`` ... name one; :mod:`passctl.support.cpu_isa`); None for GPUs.
+        memory_bandwidth: peak device memory bandwidth in bytes/s as the NVIDIA datasheet gives
+            it (decimal: 3.35 TB/s = 3.35e12), the variant whose SM count the profile has (SXM
+            for A100 / H100); what ``passctl generate`` divides the weight bytes read per token
+            by. None for the CPU.
     """
 
     name: str
@@ -52,6 +56,7 @@ class TargetProfile:
     ort_optional_providers: Tuple[str, ...] = field(default=())
     sm_count: Optional[int] = None
     isa: Optional[CpuIsa] = None
+    memory_bandwidth: Optional[float] = None
 
     @property
     def is_gpu(self) -> bool:
@@ -80,6 +85,7 @@ class TargetProfile:
             "fast_dtypes": list(self.fast_dtypes),
             "default_emitter": self.default_emitter,
             "sm_count": self.sm_count,
+            "memory_bandwidth": self.memory_bandwidth,
             **({"isa": self.isa.to_dict()} if self.isa is not None else {}),
         }
 
@@ -89,9 +95,9 @@ _GPU_OPTIONAL = ("TensorrtExecutionProvider",)
 
 
 def _gpu(name: str, description: str, cc: Tuple[int, int], gb: int,
-         fast: Tuple[str, ...], sms: int) -> TargetProfile:
+         fast: Tuple[str, ...], sms: int, gbps: float) -> TargetProfile:
     return TargetProfile(name, description, cc, gb * _GB, fast, "onnxruntime", _GPU_PROVIDERS,
-                         _GPU_OPTIONAL, sms)
+                         _GPU_OPTIONAL, sms, memory_bandwidth=gbps * _GB)
 
 
 def _cpu(name: str, description: str, isa: CpuIsa) -> TargetProfile:
@@ -109,18 +115,22 @@ _CPU_NAMED: Dict[str, TargetProfile] = {
     f"cpu-{key}": _cpu(f"cpu-{key}", f"{text} through ONNX Runtime's CPU execution provider", isa)
     for key, (text, isa) in NAMED_ISAS.items()}
 
+#: memory bandwidth (GB/s, the last argument): NVIDIA datasheets: T4 320, A10 600, L4 300,
+#: A100 80GB SXM 2039, A100 40GB 1555, H100 SXM 3350, H200 4800 (decimal GB/s).
 _GPUS: Dict[str, TargetProfile] = {p.name: p for p in (
-    _gpu("t4", "NVIDIA T4 (Turing), 16 GB", (7, 5), 16, ("fp16", "int8"), 40),
-    _gpu("a10", "NVIDIA A10 (Ampere), 24 GB", (8, 6), 24, ("tf32", "fp16", "bf16", "int8"), 72),
+    _gpu("t4", "NVIDIA T4 (Turing), 16 GB", (7, 5), 16, ("fp16", "int8"), 40, 320),
+    _gpu("a10", "NVIDIA A10 (Ampere), 24 GB", (8, 6), 24, ("tf32", "fp16", "bf16", "int8"), 72,
+         600),
     _gpu("l4", "NVIDIA L4 (Ada Lovelace), 24 GB", (8, 9), 24,
-         ("tf32", "fp16", "bf16", "int8", "fp8"), 58),
-    _gpu("a100", "NVIDIA A100 (Ampere), 80 GB", (8, 0), 80, ("tf32", "fp16", "bf16", "int8"), 108),
+         ("tf32", "fp16", "bf16", "int8", "fp8"), 58, 300),
+    _gpu("a100", "NVIDIA A100 (Ampere), 80 GB", (8, 0), 80, ("tf32", "fp16", "bf16", "int8"), 108,
+         2039),
     _gpu("a100-40gb", "NVIDIA A100 (Ampere), 40 GB", (8, 0), 40,
-         ("tf32", "fp16", "bf16", "int8"), 108),
+         ("tf32", "fp16", "bf16", "int8"), 108, 1555),
     _gpu("h100", "NVIDIA H100 (Hopper), 80 GB", (9, 0), 80,
-         ("tf32", "fp16", "bf16", "int8", "fp8"), 132),
+         ("tf32", "fp16", "bf16", "int8", "fp8"), 132, 3350),
     _gpu("h200", "NVIDIA H200 (Hopper), 141 GB", (9, 0), 141,
-         ("tf32", "fp16", "bf16", "int8", "fp8"), 132),
+         ("tf32", "fp16", "bf16", "int8", "fp8"), 132, 4800),
 )}
 
 

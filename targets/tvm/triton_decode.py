@@ -727,7 +727,38 @@ def argmax_kernel(logits_ptr, tok_ptr, pos_ptr, out_tokens_ptr, step_ptr,
     tl.store(step_ptr, step + 1)
 
 
+@triton.jit
+def gumbel_sample_kernel(logits_ptr, seed_ptr, inv_temp_ptr, tok_ptr, out_tokens_ptr, step_ptr,
+                         V: tl.constexpr, BLOCK: tl.constexpr):
+    """Sampling from ``softmax(logits / T)`` on the device, after :func:`argmax_kernel` in the same
+    step (which advanced ``pos`` and ``step``): the Gumbel-max trick, ``token = argmax(logits * (1
+    / T) + g)`` with ``g = -log(-log(u))`` and ``u`` uniform from Triton's counter-based Philox
+    generator (``tl.rand``) keyed by ``seed[0]`` at counters ``(step[0] - 1) * V + index``, so a seed
+    gives the same draws on every run and every step its own; overwrites ``tok[0]`` and
+    ``out_tokens[step[0] - 1]``. One program; logits float32 ``[V]``; ``inv_temp[0]`` float32,
+    ``seed[0]`` int32 (both read from memory: a captured CUDA graph replays with new values)."""
+    seed = tl.load(seed_ptr)
+    inv_t = tl.load(inv_temp_ptr)
+    step = tl.load(step_ptr) - 1
+    best_v = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
+    best_i = tl.zeros((BLOCK,), dtype=tl.int32)
+    for v0 in range(0, V, BLOCK):
+        idx = v0 + tl.arange(0, BLOCK)
+        x = tl.load(logits_ptr + idx, mask=idx < V, other=float("-inf"))
+        u = tl.rand(seed, step * V + idx)
+        u = tl.minimum(tl.maximum(u, 1e-20), 1.0 - 1e-7)
+        score = x * inv_t - tl.log(-tl.log(u))
+        score = tl.where(idx < V, score, float("-inf"))
+        better = score > best_v
+        best_v = tl.where(better, score, best_v)
+        best_i = tl.where(better, idx, best_i)
+    top = tl.max(best_v, 0)
+    token = tl.min(tl.where(best_v == top, best_i, V), 0)
+    tl.store(tok_ptr, token)
+    tl.store(out_tokens_ptr + step, token)
+
+
 __all__ = ["argmax_kernel", "decode_attention_kernel", "decode_attention_reduce_kernel",
-           "embed_kernel", "gemm_planes_kernel", "gemv_kernel", "gemv_planes_kernel", "heads_to_rows_kernel",
-           "rmsnorm_kernel",
-           "rotary_cache_kernel", "silu_mul_kernel"]
+           "embed_kernel", "gemm_planes_kernel", "gemv_kernel", "gemv_planes_kernel",
+           "gumbel_sample_kernel", "heads_to_rows_kernel", "rmsnorm_kernel", "rotary_cache_kernel",
+           "silu_mul_kernel"]

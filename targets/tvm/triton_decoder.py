@@ -440,23 +440,29 @@ class TritonDecoder:
 
     # -- CUDA graph -------------------------------------------------------------------------
 
-    def capture(self) -> None:
+    def capture(self, step=None):
         """Capture :meth:`decode_step` as one CUDA graph (the kernels compile first, outside
-        the capture). The warm-up step changes ``pos`` / ``tok``; they are restored."""
+        the capture). The warm-up step changes ``pos`` / ``tok``; they are restored.
+
+        ``step``: another callable to capture instead (a decode step followed by more kernels);
+        its graph is returned and ``graph`` (what :meth:`generate` replays) is left as it is."""
         import torch
 
+        fn = step or self.decode_step
         saved = [t.clone() for t in (self.pos, self.step_no, self.tok, self.out_tokens)]
-        self.decode_step()
+        fn()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.decode_step()
+            fn()
         torch.cuda.synchronize()
         # The warm-up step also wrote the cache row at pos: the next real step rewrites that row
         # before its attention reads it.
         for t, s in zip((self.pos, self.step_no, self.tok, self.out_tokens), saved):
             t.copy_(s)
-        self.graph = graph
+        if step is None:
+            self.graph = graph
+        return graph
 
     def generate(self, ids: Sequence[int], max_new_tokens: int) -> List[int]:
         """Greedy tokens after ``ids`` (prefill, then ``max_new_tokens - 1`` graph replays).
