@@ -97,9 +97,9 @@ def export_cuda(model, tokenizer, out: str, target, max_length: int, dtype: str 
 
     from passctl.passes.decoder.spec import CUDA_LAYOUT, check_cuda_decoder, spec_from_config
     from passctl.targets.tvm.cuda_generate import INV_FREQ
-    from passctl.tools.export_decoder import _commit, _prepare_out, _temp_folder
+    from passctl.tools.decoder_output import commit, prepare_out, temp_folder
 
-    _prepare_out(out)
+    prepare_out(out)
     name = source or type(model).__name__
     spec = spec_from_config(model.config, getattr(model, "generation_config", None), name=name)
     check_cuda_decoder(spec, model.config, max_length, name=name)
@@ -119,7 +119,7 @@ def export_cuda(model, tokenizer, out: str, target, max_length: int, dtype: str 
     state[INV_FREQ] = rotary.inv_freq.detach().float().contiguous()
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
-    tmp = _temp_folder(parent)
+    tmp = temp_folder(parent)
     try:
         save_file(state, os.path.join(tmp, WEIGHTS_FILE))
         del state
@@ -143,7 +143,7 @@ def export_cuda(model, tokenizer, out: str, target, max_length: int, dtype: str 
                 manifest["tokenizer"] = "tokenizer"
         with open(os.path.join(tmp, "decoder.json"), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2)
-        _commit(tmp, out)
+        commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

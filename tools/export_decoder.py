@@ -23,6 +23,7 @@ import numpy as np
 
 from passctl.ir.errors import UserError
 from passctl.support.errors import CheckFailed
+from passctl.tools.decoder_output import commit, prepare_out, temp_folder
 
 logger = logging.getLogger(__name__)
 
@@ -125,30 +126,6 @@ def load_transformers_model(path: str):
     return model.eval(), tokenizer
 
 
-def _prepare_out(out: str) -> None:
-    """Refuse an OUT that exists and is not an earlier decoder artifact (nothing is destroyed)."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UserError(f"output '{out}' is a file; give a folder")
-    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "decoder.json")):
-        raise UserError(f"output folder '{out}' is not empty and holds no decoder artifact; give "
-                        "a new folder (it would be replaced)")
-
-
-def _temp_folder(parent: str) -> str:
-    """A new hidden folder in ``parent`` with the permissions of the umask (mkdtemp's are 0700)."""
-    tmp = tempfile.mkdtemp(prefix=".passctl-decoder-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
-    return tmp
-
-
-def _commit(tmp: str, out: str) -> None:
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-
-
 def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAULT_MAX_LENGTH,
                              check: bool = True, source: str = "", weight_format: str = "fp32",
                              block: Optional[int] = None, symmetric: bool = True,
@@ -180,7 +157,7 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
     from passctl.passes.decoder.graph import LAYOUT, build_decoder
     from passctl.passes.decoder.spec import spec_from_config
 
-    _prepare_out(out)
+    prepare_out(out)
     spec = spec_from_config(model.config, getattr(model, "generation_config", None),
                             name=source or type(model).__name__)
     rotary = model.model.rotary_emb
@@ -190,7 +167,7 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
     del weights
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
-    tmp = _temp_folder(parent)
+    tmp = temp_folder(parent)
     try:
         import onnx
 
@@ -218,7 +195,7 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
         if weight_format != "fp32":
             manifest["weights"] = _quantize_artifact(tmp, manifest, weight_format, block, symmetric,
                                                      check, quantize or {})
-        _commit(tmp, out)
+        commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -361,7 +338,7 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None,
 
     from passctl.passes.decoder.layout import DYNAMIC_LAYOUT, detect_layout
 
-    _prepare_out(out)
+    prepare_out(out)
     try:
         proto = onnx.load(path, load_external_data=False)
     except Exception as e:
@@ -397,7 +374,7 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None,
             eos = [int(v) for v in (value if isinstance(value, list) else [value]) if v is not None]
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
-    tmp = _temp_folder(parent)
+    tmp = temp_folder(parent)
     try:
         manifest = {"format": 1, "layout": DYNAMIC_LAYOUT, "model": os.path.abspath(path),
                     "max_length": None, "num_layers": layout.num_layers,
@@ -423,7 +400,7 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None,
             manifest["check_error"] = float(f"{_check_static(tmp, path, manifest):.3g}")
             with open(os.path.join(tmp, "decoder.json"), "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=2)
-        _commit(tmp, out)
+        commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -476,7 +453,7 @@ def _main_cuda(args, path: str, target, console, start: float) -> int:
         raise UserError(f"--{'block' if args.block is not None else 'weight-layout planes'} "
                         "applies to --weights int8 / int4")
     check_dtype(target, args.dtype or "fp16")
-    _prepare_out(args.out)
+    prepare_out(args.out)
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
         # refuse before loading the weights
         from passctl.passes.decoder.spec import check_cuda_decoder, spec_from_config
@@ -526,7 +503,7 @@ def main(args, console) -> int:
         manifest = export_from_onnx(path, args.out, args.tokenizer, args.max_length,
                                     static=not args.keep_layout)
     else:
-        _prepare_out(args.out)
+        prepare_out(args.out)
         model, tokenizer = load_transformers_model(path)
         manifest = export_from_transformers(model, tokenizer, args.out, args.max_length,
                                             source=args.model, weight_format=args.weights,

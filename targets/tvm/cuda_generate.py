@@ -32,8 +32,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from passctl.ir.errors import UserError
-from passctl.targets.onnxruntime.generate import (GenerationResult, _choose, check_request,
-                                                  read_manifest)
+from passctl.targets.generation import (GenerationResult, check_request, choose_token,
+                                        read_manifest)
 
 #: the name of the inverse rotary frequencies in ``model.safetensors`` (float32 [head_dim / 2])
 INV_FREQ = "passctl.rotary.inv_freq"
@@ -229,7 +229,7 @@ class CudaGenerator:
             if return_logits:
                 kept.append(dec.logits.clone())
             if sample:
-                token = int(_choose(dec.logits.float().cpu().numpy()[None], temperature, top_p,
+                token = int(choose_token(dec.logits.float().cpu().numpy()[None], temperature, top_p,
                                     rng)[0])
                 dec.tok.fill_(token)
             elif per_step or k == 0:

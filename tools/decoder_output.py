@@ -1,0 +1,40 @@
+"""The output folder of ``passctl export-decoder`` (both artifacts: tools/export_decoder.py and
+tools/export_cuda_decoder.py): refuse an OUT that is not an earlier decoder artifact, write into a
+hidden folder beside it, and move that into place only when everything is written (never a
+half-written OUT)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from passctl.ir.errors import UserError
+
+
+def prepare_out(out: str) -> None:
+    """Refuse an OUT that exists and is not an earlier decoder artifact (nothing is destroyed)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f"output '{out}' is a file; give a folder")
+    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "decoder.json")):
+        raise UserError(f"output folder '{out}' is not empty and holds no decoder artifact; give "
+                        "a new folder (it would be replaced)")
+
+
+def temp_folder(parent: str) -> str:
+    """A new hidden folder in ``parent`` with the permissions of the umask (mkdtemp's are 0700)."""
+    tmp = tempfile.mkdtemp(prefix=".passctl-decoder-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    return tmp
+
+
+def commit(tmp: str, out: str) -> None:
+    """Replace ``out`` (an earlier artifact, if any) by the finished folder ``tmp``."""
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+
+
+__all__ = ["commit", "prepare_out", "temp_folder"]
