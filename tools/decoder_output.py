@@ -37,4 +37,12 @@ def commit(tmp: str, out: str) -> None:
     os.replace(tmp, out)
 
 
-__all__ = ["commit", "prepare_out", "temp_folder"]
+def make_readable(path: str) -> None:
+    """Give a written file the permissions of the umask (``0666 & ~umask``): onnx's external data
+    and safetensors' files come out ``0600``, unlike every other file of the artifact."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+__all__ = ["commit", "make_readable", "prepare_out", "temp_folder"]

@@ -97,7 +97,7 @@ def export_cuda(model, tokenizer, out: str, target, max_length: int, dtype: str 
 
     from passctl.passes.decoder.spec import CUDA_LAYOUT, check_cuda_decoder, spec_from_config
     from passctl.targets.tvm.cuda_generate import INV_FREQ
-    from passctl.tools.decoder_output import commit, prepare_out, temp_folder
+    from passctl.tools.decoder_output import commit, make_readable, prepare_out, temp_folder
 
     prepare_out(out)
     name = source or type(model).__name__
@@ -122,6 +122,7 @@ def export_cuda(model, tokenizer, out: str, target, max_length: int, dtype: str 
     tmp = temp_folder(parent)
     try:
         save_file(state, os.path.join(tmp, WEIGHTS_FILE))
+        make_readable(os.path.join(tmp, WEIGHTS_FILE))
         del state
         manifest = {
             "format": 1, "layout": CUDA_LAYOUT, "runtime": "cuda-triton", "target": target.name,

@@ -23,7 +23,7 @@ import numpy as np
 
 from passctl.ir.errors import UserError
 from passctl.support.errors import CheckFailed
-from passctl.tools.decoder_output import commit, prepare_out, temp_folder
+from passctl.tools.decoder_output import commit, make_readable, prepare_out, temp_folder
 
 logger = logging.getLogger(__name__)
 
@@ -175,9 +175,7 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
                         all_tensors_to_one_file=True, location="model.onnx.data",
                         size_threshold=1024)
         del proto
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(os.path.join(tmp, "model.onnx.data"), 0o666 & ~umask)
+        make_readable(os.path.join(tmp, "model.onnx.data"))
         manifest = {"format": 1, "layout": LAYOUT, "model": "model.onnx", "max_length": max_length,
                     "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
                     "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,
@@ -221,6 +219,7 @@ def _quantize_artifact(folder: str, manifest: dict, weights: str, block: Optiona
     onnx.save_model(quantized, path, save_as_external_data=True, all_tensors_to_one_file=True,
                     location="model.onnx.data", size_threshold=1024)
     del quantized
+    make_readable(os.path.join(folder, "model.onnx.data"))
     manifest["weight_bytes"] = os.path.getsize(os.path.join(folder, "model.onnx.data"))
     info = {"format": weights, "bits": stats["bits"], "block": stats["block"],
             "symmetric": symmetric, "accuracy_level": stats["accuracy_level"],
@@ -407,6 +406,27 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None,
     return manifest
 
 
+def _calib_text(args) -> Optional[str]:
+    """The text of ``--calib-text`` when ``--ppl-budget`` or ``--awq`` is given, else None; checked
+    before the model loads.
+
+    Raises:
+        UserError: ``--ppl-budget`` / ``--awq`` without ``--weights int4|int8`` or
+            ``--calib-text``, or an unreadable ``--calib-text``.
+    """
+    budget, awq = getattr(args, "ppl_budget", None), getattr(args, "awq", False)
+    if budget is None and not awq:
+        return None
+    if args.weights == "fp32" or not getattr(args, "calib_text", None):
+        raise UserError("--ppl-budget / --awq need --weights int4|int8 and --calib-text FILE")
+    try:
+        with open(args.calib_text, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--calib-text {args.calib_text}: "
+                        f"{getattr(e, 'strerror', None) or 'not UTF-8 text'}") from None
+
+
 def _quantize_options(args, tokenizer) -> dict:
     """``quantize_decoder`` keywords of ``--ppl-budget`` / ``--awq`` / ``--fallback`` /
     ``--calib-text`` (the text tokenized by the model's tokenizer; windows of at most
@@ -417,17 +437,13 @@ def _quantize_options(args, tokenizer) -> dict:
         UserError: ``--ppl-budget`` / ``--awq`` without ``--weights`` or ``--calib-text``, or an
             unreadable ``--calib-text``.
     """
-    budget, awq = getattr(args, "ppl_budget", None), getattr(args, "awq", False)
-    if budget is None and not awq:
+    text = _calib_text(args)
+    if text is None:
         return {}
-    if args.weights == "fp32" or not getattr(args, "calib_text", None) or tokenizer is None:
-        raise UserError("--ppl-budget / --awq need --weights int4|int8, --calib-text FILE and a "
-                        "tokenizer")
-    try:
-        with open(args.calib_text, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise UserError(f"--calib-text {args.calib_text}: {e.strerror}") from None
+    if tokenizer is None:
+        raise UserError("--ppl-budget / --awq need the model's tokenizer for --calib-text; this "
+                        "model has none")
+    budget, awq = getattr(args, "ppl_budget", None), getattr(args, "awq", False)
     ids = np.asarray(tokenizer(text)["input_ids"], np.int64)
     return {"calib_ids": ids, "window": min(256, args.max_length), "budget": budget, "awq": awq,
             "fallback": args.fallback if args.weights == "int4" else "float",
@@ -481,7 +497,7 @@ def main(args, console) -> int:
     from passctl.support.profiles import get_target
     from passctl.tools.model_source import resolve_model_path
 
-    target = get_target(args.target) if args.target else None
+    target = get_target(args.target) if getattr(args, "target", None) else None
     path = resolve_model_path(args.model)
     if args.max_length < 2:
         raise UserError(f"--max-length {args.max_length}: give at least 2")
@@ -495,10 +511,12 @@ def main(args, console) -> int:
                         "passctl's static cache from its weights (drop --keep-layout)")
     if target is not None and target.is_gpu:
         return _main_cuda(args, path, target, console, start)
-    if args.dtype not in (None, "fp32") or args.weight_layout:
-        raise UserError(f"--{'dtype' if args.weight_layout is None else 'weight-layout'} applies "
+    dtype, weight_layout = getattr(args, "dtype", None), getattr(args, "weight_layout", None)
+    if dtype not in (None, "fp32") or weight_layout:
+        raise UserError(f"--{'dtype' if weight_layout is None else 'weight-layout'} applies "
                         "to the CUDA artifact (a GPU --target such as h200); the cpu artifact "
                         "holds float32 weights")
+    _calib_text(args)  # a bad --ppl-budget / --awq / --calib-text before the model loads
     if path.endswith(".onnx"):
         manifest = export_from_onnx(path, args.out, args.tokenizer, args.max_length,
                                     static=not args.keep_layout)
@@ -510,8 +528,14 @@ def main(args, console) -> int:
                                             block=args.block, symmetric=not args.asymmetric,
                                             quantize=_quantize_options(args, tokenizer))
     if not args.quiet:
+        weights = manifest.get("weights") or {}
+        quant = ""
+        if weights:
+            quant = (f", {weights['format']} weights ({weights['quantized_layers']} layers"
+                     + (f", last-token logits {weights['logits_error']:.3g} rel. from float32"
+                        if "logits_error" in weights else "") + ")")
         console.print(f"wrote {args.out}: layout {manifest['layout']}, {manifest['num_layers']} "
-                      f"layers, cache {manifest['max_length'] or 'dynamic'}, tokenizer "
+                      f"layers, cache {manifest['max_length'] or 'dynamic'}{quant}, tokenizer "
                       f"{'yes' if manifest['tokenizer'] else 'no'} "
                       f"({time.perf_counter() - start:.1f} s)", highlight=False)
     return 0

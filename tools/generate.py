@@ -147,7 +147,8 @@ def main(args, console) -> int:
         raise UserError("the prompt encodes to no tokens; give some text")
     limit = manifest.get("max_length")
     if limit is not None and len(ids) + args.max_new_tokens - 1 > int(limit):
-        raise UserError(f"the prompt has {len(ids)} tokens; with --max-new-tokens "
+        raise UserError(f"the prompt has {len(ids)} token{'s' if len(ids) != 1 else ''}; with "
+                        f"--max-new-tokens "
                         f"{args.max_new_tokens} it needs a cache of "
                         f"{len(ids) + args.max_new_tokens - 1}, the artifact's holds {limit}; "
                         "shorten the prompt, lower --max-new-tokens or export with a larger "

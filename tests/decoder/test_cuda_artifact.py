@@ -78,6 +78,11 @@ def test_export_writes_the_manifest_weights_and_tokenizer(exported):
             assert weights[name].dtype == torch.float16
             assert torch.equal(weights[name], value.half()), name
     assert torch.equal(weights["passctl.rotary.inv_freq"], model.model.rotary_emb.inv_freq)
+    # safetensors writes 0600; the artifact's files all get the umask's permissions
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("model.safetensors", "decoder.json"):
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
 
 
 def test_generate_without_cuda_is_one_line_exit_2(exported):

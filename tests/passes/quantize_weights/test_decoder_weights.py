@@ -5,6 +5,7 @@ artifact's (transformers eager on the same weights is the reference of the float
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -48,6 +49,12 @@ def test_quantized_decoder_artifact(tmp_path, family, fmt):
     assert abs(w["logits_error"] - err) < 0.5 * bound  # the manifest's number is this error
     tokens = Generator(str(out)).generate(ids, max_new_tokens=4, stop_at_eos=False).tokens
     assert tokens.shape == (1, 4)
+    # the rewritten weights file gets the umask's permissions like every other file (onnx writes
+    # external data 0600)
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("model.onnx", "model.onnx.data", "decoder.json"):
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
 
 
 def test_onnx_source_with_weights_is_refused(tmp_path):
@@ -61,6 +68,30 @@ def test_onnx_source_with_weights_is_refused(tmp_path):
     (tmp_path / "decoder.onnx").write_bytes(b"")
     with pytest.raises(UserError, match="--weights int4 applies to GGUF / transformers"):
         export_decoder.main(args, None)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (dict(ppl_budget=0.03, calib_text=None), "need --weights int4|int8 and --calib-text"),
+    (dict(ppl_budget=0.03, calib_text="/nonexistent/calib.txt"), "calib.txt: No such file"),
+    (dict(awq=True, calib_text=None, weights="fp32"), "need --weights int4|int8"),
+])
+def test_budget_flags_are_checked_before_the_model_loads(tmp_path, extra, message):
+    """A bad --ppl-budget / --awq / --calib-text is refused before the (slow) model load: the model
+    here is an empty .gguf that transformers could not load, so the flag's line must come
+    first."""
+    import argparse
+
+    from passctl.tools import export_decoder
+
+    (tmp_path / "m.gguf").write_bytes(b"")
+    fields = dict(model=str(tmp_path / "m.gguf"), out=str(tmp_path / "o"), max_length=16,
+                  tokenizer=None, quiet=True, weights="int4", block=None, asymmetric=False,
+                  keep_layout=False, ppl_budget=None, awq=False, calib_text=None,
+                  fallback="int8")
+    fields.update(extra)
+    with pytest.raises(UserError, match=message):
+        export_decoder.main(argparse.Namespace(**fields), None)
+    assert not (tmp_path / "o").exists()
 
 
 def _session_without_optimization(gen, path):
