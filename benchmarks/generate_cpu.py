@@ -31,9 +31,10 @@ scratch folder, and generates the same number of greedy tokens from the same pro
   sleep; on a loaded 2-core machine that was ~9x faster: llama.cpp's counterpart of the
   Generator's ``spinning=False``).
 
-- ``before: passctl ...`` (``--spinning-rows``): the fp32 and quantized artifacts with
-  ``Generator(spinning=True)`` (ONNX Runtime's spinning intra-op threads, the Generator's default
-  before 2026-12-07), to compare the change in the same run.
+- ``passctl ..., ORT threads spinning`` / ``sleeping`` (``--spinning-rows``): the fp32 and
+  quantized artifacts with ``Generator(spinning=True)`` (ONNX Runtime's default) and
+  ``spinning=False``; the plain passctl rows use the Generator's default (spin only when a core is
+  free, ``spare_core``; the table's header gives the load average it saw).
 
 The peers' venvs: ``bash benchmarks/peers/setup_cpu_peers.sh DIR`` makes ``DIR/genai`` and
 ``DIR/llama`` (the exact install commands; llama.cpp is built from source, natively).
@@ -106,7 +107,7 @@ def _transformers_runner(model, ids, new: int):
     return run
 
 
-def _passctl_runner(out: str, ids, new: int, threads: int, spinning: bool = False):
+def _passctl_runner(out: str, ids, new: int, threads: int, spinning=None):
     """A function running one timed ``Generator.generate`` (after one warm-up)."""
     from passctl.targets.onnxruntime.generate import Generator
 
@@ -261,8 +262,8 @@ def main(argv=None) -> int:
     parser.add_argument("--llama-cpp-python", default=None,
                         help="python of a venv with llama-cpp-python (runs the shipped Q4_1 GGUF)")
     parser.add_argument("--spinning-rows", action="store_true",
-                        help="also run passctl's artifacts with ONNX Runtime's spinning worker "
-                             "threads (Generator(spinning=True), its default before 2026-12-07)")
+                        help="also run passctl's artifacts with ONNX Runtime's worker threads "
+                             "spinning and sleeping (Generator(spinning=True / False))")
     parser.add_argument("--passctl-only", action="store_true",
                         help="skip transformers and the past-key-values row")
     parser.add_argument("--out", default=None, help="results file (default: "
@@ -319,11 +320,14 @@ def main(argv=None) -> int:
         runners[f"passctl {fmt} (MatMulNBits, {label})"] = \
             _passctl_runner(qout, ids.numpy(), args.new_tokens, args.threads)
         if args.spinning_rows:
-            runners[f"before: passctl {fmt}, ORT threads spinning"] = \
-                _passctl_runner(qout, ids.numpy(), args.new_tokens, args.threads, spinning=True)
+            for spin in (True, False):
+                runners[f"passctl {fmt}, ORT threads {'spinning' if spin else 'sleeping'}"] = \
+                    _passctl_runner(qout, ids.numpy(), args.new_tokens, args.threads,
+                                    spinning=spin)
     if args.spinning_rows:
-        runners["before: passctl fp32, ORT threads spinning"] = \
-            _passctl_runner(out, ids.numpy(), args.new_tokens, args.threads, spinning=True)
+        for spin in (True, False):
+            runners[f"passctl fp32, ORT threads {'spinning' if spin else 'sleeping'}"] = \
+                _passctl_runner(out, ids.numpy(), args.new_tokens, args.threads, spinning=spin)
     if args.llama_cpp_python:
         try:
             worker = _Worker(args.llama_cpp_python, "llama", gguf, prompt, new, threads)

@@ -99,6 +99,17 @@ def _collapse_new_memory(before: Sequence[tuple]) -> int:
     return done
 
 
+def spare_core() -> bool:
+    """True when the machine has a core to spare for spin-waiting: the 1-minute load average
+    (``os.getloadavg``, which counts this process too) is below the core count minus 0.5. True
+    where the load average is unknown (ONNX Runtime's default: spinning workers)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return True
+    return load < (os.cpu_count() or 1) - 0.5
+
+
 class Generator:
     """Generates tokens with a decoder artifact in ONNX Runtime (cpu).
 
@@ -114,11 +125,13 @@ class Generator:
             :func:`_collapse_new_memory`; silently nothing where unsupported). ``huge_page_bytes``
             says how many bytes were collapsed.
         spinning: let ONNX Runtime's intra-op worker threads spin-wait for work
-            (``session.intra_op.allow_spinning``, ONNX Runtime's default). Off by default: they
-            sleep between kernels and steps instead. On a 2-core machine shared with other jobs
-            spinning workers compete with the caller's thread and the other processes; SmolLM2-135M
-            decoded 2.1x faster (fp32) and 1.5x faster (int4) without spinning at load average ~7
-            (benchmarks/results/generate_cpu-2026-12-07.md); the logits are bitwise equal.
+            (``session.intra_op.allow_spinning``, ONNX Runtime's default) or sleep between kernels
+            and steps (False). None (default): :func:`spare_core`, i.e. spin only when the
+            machine has a core to spare. Measured on the 2-core VM, SmolLM2-135M, same artifacts
+            (benchmarks/results/generate_cpu-2026-12-07.md): at load average ~5-7 sleeping
+            workers decoded 2.1-2.5x faster (fp32) and 1.5-1.8x (int4); on the quiet machine
+            (load ~1, the benchmark itself) spinning ones 1.19x (fp32) and 1.34x (int4). The
+            logits are bitwise equal either way; ``self.spinning`` says what was chosen.
 
     Raises:
         UserError: ``folder`` is no decoder artifact (see :func:`read_manifest`), or its model
@@ -134,7 +147,7 @@ class Generator:
         return super().__new__(cls)
 
     def __init__(self, folder: str, threads: Optional[int] = None, huge_pages: bool = True,
-                 spinning: bool = False):
+                 spinning: Optional[bool] = None):
         import onnxruntime as ort
 
         self.folder = folder
@@ -149,8 +162,9 @@ class Generator:
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = int(threads)
+        self.spinning = spare_core() if spinning is None else bool(spinning)
         options.add_session_config_entry("session.intra_op.allow_spinning",
-                                         "1" if spinning else "0")
+                                         "1" if self.spinning else "0")
         before = _anonymous_ranges() if huge_pages else None
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         self.huge_page_bytes = _collapse_new_memory(before) if huge_pages else 0
@@ -280,4 +294,5 @@ class Generator:
             logits=np.stack(kept, axis=1) if return_logits else None, step_s=steps)
 
 
-__all__ = ["Generator", "GenerationResult", "MANIFEST", "load_tokenizer", "read_manifest"]
+__all__ = ["Generator", "GenerationResult", "MANIFEST", "load_tokenizer", "read_manifest",
+           "spare_core"]

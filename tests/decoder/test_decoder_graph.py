@@ -3,6 +3,8 @@ transformers eager on tiny random Llama / Qwen2 / MQA models."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -108,20 +110,29 @@ def test_huge_pages_leave_logits_bitwise_equal(artifact):
     assert np.array_equal(plain.step(ids[:, :1]), huge.step(ids[:, :1]))
 
 
-def test_worker_threads_sleep_by_default_and_logits_stay_bitwise_equal(artifact):
-    """The Generator's session turns ONNX Runtime's spinning worker threads off unless asked
-    (``spinning=True``: ONNX Runtime's default); only scheduling changes, not one bit of the
-    logits."""
+def test_worker_spinning_follows_the_load_unless_given_and_logits_stay_bitwise_equal(
+        artifact, monkeypatch):
+    """The Generator's session lets ONNX Runtime's worker threads spin only when a core is free
+    (spare_core: 1-minute load average below cores - 0.5), else they sleep; ``spinning=`` forces
+    either. Only scheduling changes, not one bit of the logits."""
+    from passctl.targets.onnxruntime import generate as gen_module
+
     _, out = artifact
-    ids = np.array([[1, 5, 9, 3, 7]], np.int64)
-    asleep, spinning = Generator(out, threads=2), Generator(out, threads=2, spinning=True)
     key = "session.intra_op.allow_spinning"
-    assert asleep.session.get_session_options().get_session_config_entry(key) == "0"
-    assert spinning.session.get_session_options().get_session_config_entry(key) == "1"
-    for gen in (asleep, spinning):
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(gen_module.os, "getloadavg", lambda: (cores + 3.0, 0.0, 0.0))
+    loaded = Generator(out, threads=2)
+    monkeypatch.setattr(gen_module.os, "getloadavg", lambda: (cores - 1.0, 0.0, 0.0))
+    quiet = Generator(out, threads=2)
+    forced = Generator(out, threads=2, spinning=False)
+    assert (loaded.spinning, quiet.spinning, forced.spinning) == (False, True, False)
+    for gen, entry in ((loaded, "0"), (quiet, "1"), (forced, "0")):
+        assert gen.session.get_session_options().get_session_config_entry(key) == entry
+    ids = np.array([[1, 5, 9, 3, 7]], np.int64)
+    for gen in (loaded, quiet):
         gen.reset(1)
-    assert np.array_equal(asleep.step(ids), spinning.step(ids))
-    assert np.array_equal(asleep.step(ids[:, :1]), spinning.step(ids[:, :1]))
+    assert np.array_equal(loaded.step(ids), quiet.step(ids))
+    assert np.array_equal(loaded.step(ids[:, :1]), quiet.step(ids[:, :1]))
 
 
 def test_subtract_keeps_only_new_memory():
