@@ -5,9 +5,12 @@ half-written OUT)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import tempfile
+from typing import Iterator, Optional
 
 from passctl.ir.errors import UserError
 
@@ -37,6 +40,37 @@ def commit(tmp: str, out: str) -> None:
     os.replace(tmp, out)
 
 
+@contextlib.contextmanager
+def staged(out: str) -> Iterator[str]:
+    """``with staged(out) as tmp:`` write the artifact into ``tmp`` (a hidden folder beside
+    ``out``); it replaces ``out`` when the block ends, and is removed if the block raises."""
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = temp_folder(parent)
+    try:
+        yield tmp
+        commit(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_manifest(folder: str, manifest: dict) -> None:
+    """``folder/decoder.json``."""
+    with open(os.path.join(folder, "decoder.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+
+
+def save_tokenizer(tokenizer, folder: str) -> Optional[str]:
+    """A transformers tokenizer saved to ``folder/tokenizer``; the manifest's ``tokenizer`` entry
+    (None when there is none, or it wrote no tokenizer.json)."""
+    if tokenizer is None:
+        return None
+    tokenizer.save_pretrained(os.path.join(folder, "tokenizer"))
+    return "tokenizer" if os.path.isfile(os.path.join(folder, "tokenizer",
+                                                      "tokenizer.json")) else None
+
+
 def make_readable(path: str) -> None:
     """Give a written file the permissions of the umask (``0666 & ~umask``): onnx's external data
     and safetensors' files come out ``0600``, unlike every other file of the artifact."""
@@ -45,4 +79,5 @@ def make_readable(path: str) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-__all__ = ["commit", "make_readable", "prepare_out", "temp_folder"]
+__all__ = ["commit", "make_readable", "prepare_out", "save_tokenizer", "staged", "temp_folder",
+           "write_manifest"]

@@ -9,9 +9,7 @@ docs/generate.md, "On a GPU: the CUDA artifact".
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from typing import Optional
 
 from passctl.ir.errors import UserError
@@ -97,7 +95,8 @@ def export_cuda(model, tokenizer, out: str, target, max_length: int, dtype: str 
 
     from passctl.passes.decoder.spec import CUDA_LAYOUT, check_cuda_decoder, spec_from_config
     from passctl.targets.tvm.cuda_generate import INV_FREQ
-    from passctl.tools.decoder_output import commit, make_readable, prepare_out, temp_folder
+    from passctl.tools.decoder_output import (make_readable, prepare_out, save_tokenizer, staged,
+                                              write_manifest)
 
     prepare_out(out)
     name = source or type(model).__name__
@@ -117,10 +116,7 @@ def export_cuda(model, tokenizer, out: str, target, max_length: int, dtype: str 
     if spec.tie_word_embeddings:  # one copy: TritonDecoder reads the embedding as the LM head
         state.pop("lm_head.weight", None)
     state[INV_FREQ] = rotary.inv_freq.detach().float().contiguous()
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = temp_folder(parent)
-    try:
+    with staged(out) as tmp:
         save_file(state, os.path.join(tmp, WEIGHTS_FILE))
         make_readable(os.path.join(tmp, WEIGHTS_FILE))
         del state
@@ -136,18 +132,9 @@ def export_cuda(model, tokenizer, out: str, target, max_length: int, dtype: str 
                        "num_attention_heads": spec.num_heads,
                        "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                        "vocab_size": spec.vocab_size, "rms_norm_eps": spec.rms_norm_eps},
-            "tokenizer": None, "check": NO_CHECK,
+            "tokenizer": save_tokenizer(tokenizer, tmp), "check": NO_CHECK,
             "weight_bytes": os.path.getsize(os.path.join(tmp, WEIGHTS_FILE))}
-        if tokenizer is not None:
-            tokenizer.save_pretrained(os.path.join(tmp, "tokenizer"))
-            if os.path.isfile(os.path.join(tmp, "tokenizer", "tokenizer.json")):
-                manifest["tokenizer"] = "tokenizer"
-        with open(os.path.join(tmp, "decoder.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
-        commit(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_manifest(tmp, manifest)
     return manifest
 
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from passctl.ir.errors import UserError
 from passctl.support.errors import CheckFailed
-from passctl.tools.decoder_output import commit, make_readable, prepare_out, temp_folder
+from passctl.tools.decoder_output import (make_readable, prepare_out, save_tokenizer, staged,
+                                          write_manifest)
 
 logger = logging.getLogger(__name__)
 
@@ -165,10 +166,7 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
     proto = build_decoder(spec, weights, rotary.inv_freq.detach().float().numpy(),
                           float(getattr(rotary, "attention_scaling", 1.0)), max_length)
     del weights
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = temp_folder(parent)
-    try:
+    with staged(out) as tmp:
         import onnx
 
         onnx.save_model(proto, os.path.join(tmp, "model.onnx"), save_as_external_data=True,
@@ -180,23 +178,15 @@ def export_from_transformers(model, tokenizer, out: str, max_length: int = DEFAU
                     "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
                     "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,
                     "eos_token_ids": list(spec.eos_token_ids), "dtype": "float32",
-                    "source": source, "spec": spec.to_json(), "tokenizer": None,
+                    "source": source, "spec": spec.to_json(),
+                    "tokenizer": save_tokenizer(tokenizer, tmp),
                     "weight_bytes": os.path.getsize(os.path.join(tmp, "model.onnx.data"))}
-        if tokenizer is not None:
-            tokenizer.save_pretrained(os.path.join(tmp, "tokenizer"))
-            if os.path.isfile(os.path.join(tmp, "tokenizer", "tokenizer.json")):
-                manifest["tokenizer"] = "tokenizer"
-        with open(os.path.join(tmp, "decoder.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
+        write_manifest(tmp, manifest)
         if check:
             _check(tmp, model, spec.vocab_size)
         if weight_format != "fp32":
             manifest["weights"] = _quantize_artifact(tmp, manifest, weight_format, block, symmetric,
                                                      check, quantize or {})
-        commit(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest
 
 
@@ -231,8 +221,7 @@ def _quantize_artifact(folder: str, manifest: dict, weights: str, block: Optiona
     if before is not None:
         after = _logits(folder, ids)
         info["logits_error"] = float(f"{max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(after, before)):.4g}")
-    with open(os.path.join(folder, "decoder.json"), "w", encoding="utf-8") as f:
-        json.dump({**manifest, "weights": info}, f, indent=2)
+    write_manifest(folder, {**manifest, "weights": info})
     return info
 
 
@@ -371,10 +360,7 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None,
             with open(cfg, encoding="utf-8") as f:
                 value = json.load(f).get("eos_token_id")
             eos = [int(v) for v in (value if isinstance(value, list) else [value]) if v is not None]
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = temp_folder(parent)
-    try:
+    with staged(out) as tmp:
         manifest = {"format": 1, "layout": DYNAMIC_LAYOUT, "model": os.path.abspath(path),
                     "max_length": None, "num_layers": layout.num_layers,
                     "num_kv_heads": layout.num_kv_heads, "head_dim": layout.head_dim,
@@ -393,16 +379,10 @@ def export_from_onnx(path: str, out: str, tokenizer_dir: Optional[str] = None,
             os.makedirs(os.path.join(tmp, "tokenizer"))
             shutil.copy(tok, os.path.join(tmp, "tokenizer", "tokenizer.json"))
             manifest["tokenizer"] = "tokenizer"
-        with open(os.path.join(tmp, "decoder.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
+        write_manifest(tmp, manifest)
         if refused is None:
             manifest["check_error"] = float(f"{_check_static(tmp, path, manifest):.3g}")
-            with open(os.path.join(tmp, "decoder.json"), "w", encoding="utf-8") as f:
-                json.dump(manifest, f, indent=2)
-        commit(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            write_manifest(tmp, manifest)
     return manifest
 
 

@@ -42,6 +42,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from passctl.targets.tvm.triton_kernels import grouped_tile
+
 try:  # grid dependency control (programmatic dependent launch), sm_90+; Triton >= 3.3
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     HAS_PDL = True
@@ -370,8 +372,8 @@ def gemm_planes_kernel(a_ptr, w_ptr, scale_ptr, res_ptr, c_ptr,
     i * WG ..`` of ``WG`` inputs, so each plane is one ``[BLOCK_M, WG] x [WG, BLOCK_N]`` tensor-core
     dot (``WG`` >= 16) with the codes converted to A's dtype (``q`` in [-128, 127] is exact in
     fp16 / bf16) and float32 accumulation; int4's group scale multiplies each block's sum, int8's
-    per-channel scale the total. Program ids are grouped by ``GROUP_M`` as in
-    :func:`~passctl.targets.tvm.triton_kernels.gemm_kernel`.
+    per-channel scale the total. Program ids are grouped by ``GROUP_M``
+    (:func:`~passctl.targets.tvm.triton_kernels.grouped_tile`).
     """
     P: tl.constexpr = 32 // WBITS
     HALF_P: tl.constexpr = P // 2
@@ -380,15 +382,7 @@ def gemm_planes_kernel(a_ptr, w_ptr, scale_ptr, res_ptr, c_ptr,
     MASK: tl.constexpr = (1 << WBITS) - 1
     ZERO: tl.constexpr = 1 << (WBITS - 1)
     tl.static_assert(K % PB == 0)
-    pid = tl.program_id(0)
-    num_m: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
-    num_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    width: tl.constexpr = GROUP_M * num_n
-    group = pid // width
-    first_m = group * GROUP_M
-    rows = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % rows
-    pid_n = (pid % width) // rows
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M

@@ -22,6 +22,20 @@ ACT_NONE, ACT_GELU, ACT_GELU_TANH, ACT_RELU = 0, 1, 2, 3
 
 
 @triton.jit
+def grouped_tile(pid, M: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)``: the output tile of program ``pid`` of a GEMM, program ids grouped by
+    ``GROUP_M`` rows of tiles so neighbouring programs share B tiles in L2 (Triton's matmul
+    tutorial ordering)."""
+    num_m: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
+    num_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    width: tl.constexpr = GROUP_M * num_n
+    first_m = pid // width * GROUP_M
+    rows = min(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % rows, (pid % width) // rows
+
+
+@triton.jit
 def gemm_kernel(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr,
                 M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                 stride_am: tl.constexpr, stride_ak: tl.constexpr,
@@ -42,16 +56,8 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, res_ptr, c_ptr,
     grouped by ``GROUP_M`` rows of tiles so neighbouring programs share B tiles in L2 (Triton's
     matmul tutorial ordering).
     """
-    pid = tl.program_id(0)
     z = tl.program_id(1)
-    num_m: tl.constexpr = (M + BLOCK_M - 1) // BLOCK_M
-    num_n: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
-    width: tl.constexpr = GROUP_M * num_n
-    group = pid // width
-    first_m = group * GROUP_M
-    rows = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % rows
-    pid_n = (pid % width) // rows
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -19,6 +19,21 @@ import numpy as np
 import torch
 
 
+def _teacher_forced_max_rel(dec, prompt, ref_tokens, ref_logits) -> float:
+    """Largest relative error of the decoder's logits against transformers' full forward
+    ``ref_logits`` ([positions, vocab]) at every step, the reference's tokens fed back (teacher
+    forcing): prefill of ``prompt``, then one decode step per token but the last."""
+    dec.prefill(prompt)
+    worst = 0.0
+    for j in range(len(ref_tokens)):
+        r = ref_logits[len(prompt) - 1 + j]
+        worst = max(worst, float((dec.logits - r).abs().max() / r.abs().max()))
+        if j + 1 < len(ref_tokens):
+            dec.tok.fill_(ref_tokens[j])
+            dec.decode_step()
+    return worst
+
+
 def generate() -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -45,15 +60,7 @@ def generate() -> dict:
             dec = TritonDecoder(sd, cfg, max_length=32, split=8, gemv=gemv, fuse_attention=fused,
                                 inv_freq=model.model.rotary_emb.inv_freq)
             toks = dec.generate(prompt[0].tolist(), n_new)
-            # teacher-forced: every step's logits against transformers' on the same tokens
-            dec.prefill(prompt[0].tolist())
-            worst = 0.0
-            for j in range(n_new):
-                r = ref_logits[prompt.shape[1] - 1 + j]
-                worst = max(worst, float((dec.logits - r).abs().max() / r.abs().max()))
-                if j + 1 < n_new:
-                    dec.tok.fill_(ref_tokens[j])
-                    dec.decode_step()
+            worst = _teacher_forced_max_rel(dec, prompt[0].tolist(), ref_tokens, ref_logits)
             out[f"{name}-{'fused' if fused else 'unfused'}"] = dict(
                 tokens=toks, ref_tokens=ref_tokens, max_rel=worst,
                 count_reset=int(dec.count.abs().sum()))
@@ -97,14 +104,7 @@ def generate_planes() -> dict:
         dec = TritonDecoder(sd, cfg, max_length=32, split=8, wbits=bits, group=128, gemv=gemv,
                             layout="planes", inv_freq=model.model.rotary_emb.inv_freq)
         toks = dec.generate(prompt[0].tolist(), n_new)
-        dec.prefill(prompt[0].tolist())
-        worst = 0.0
-        for j in range(n_new):
-            r = ref_logits[prompt.shape[1] - 1 + j]
-            worst = max(worst, float((dec.logits - r).abs().max() / r.abs().max()))
-            if j + 1 < n_new:
-                dec.tok.fill_(ref_tokens[j])
-                dec.decode_step()
+        worst = _teacher_forced_max_rel(dec, prompt[0].tolist(), ref_tokens, ref_logits)
         out[f"int{bits}-planes"] = dict(tokens=toks, ref_tokens=ref_tokens, max_rel=worst,
                                         float_copies=sum(lin.float_weight is not None
                                                          for layer in dec.layers
