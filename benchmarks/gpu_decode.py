@@ -80,6 +80,7 @@ def check(args) -> int:
             + [(8, "fused"), (4, "fused")] \
             + ([(8, "fused-planes"), (4, "fused-planes"), (8, "fused-pdl-planes"),
                 (4, "fused-pdl-planes")] if cfg.hidden_size % 128 == 0 else []) \
+            + [(8, "fused-pdl-half2"), (4, "fused-pdl-half2")] \
             + ([(8, "fused-a8"), (4, "fused-a8")] if cfg.hidden_size % 128 == 0 and
                "fused-a8" in args.variants else [])  # int4 a8: groups of 128
         for wbits, variant in variants:
@@ -87,15 +88,14 @@ def check(args) -> int:
                 continue
             try:
                 # split 16: the 48 tokens span three chunks, so the merge combines real ones
-                a8, planes = variant.endswith("-a8"), variant.endswith("-planes")
+                a8, layout = variant.endswith("-a8"), _layout(variant)
                 dec = TritonDecoder(sd16, cfg, max_length=128, wbits=wbits, split=16,
                                     group=128 if cfg.hidden_size % 128 == 0 else 64,
-                                    gemv=_configs(args.configs, wbits, a8, planes)
+                                    gemv=_configs(args.configs, wbits, a8, layout)
                                     if variant != "unfused" else None,
                                     inv_freq=model.model.rotary_emb.inv_freq,
                                     fuse_attention=variant != "unfused",
-                                    pdl="pdl" in variant, act_int8=a8,
-                                    layout="planes" if planes else "rows")
+                                    pdl="pdl" in variant, act_int8=a8, layout=layout)
                 dec.prefill(ids)
                 cos, rel = [], []
                 for j in range(len(forced)):
@@ -144,13 +144,21 @@ def _weights(n, k, wbits, copies=4):
     return ws
 
 
-def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False, planes=False):
+def _layout(variant: str) -> str:
+    """The decoder's weight layout a bench / check variant names (``...-planes``, ``...-half2``)."""
+    return next((lay for lay in ("planes", "half2") if variant.endswith("-" + lay)), "rows")
+
+
+def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False, layout="rows",
+               ref=None):
     """Mean time of one GEMV launch (CUDA events around a CUDA graph of ``iters`` launches,
     each on the next of the weight copies) and the weight bytes per second it streams. With
     ``cfg.split_k`` > 1 the output is the float32 residual, added into in place (the O / down
     projections' use). ``a8``: the integer-dot kernel (``gemv_a8_kernel``, input quantized to
-    int8 per block of 128). ``planes``: ``ws`` holds code-plane words (:func:`_planes`) and the
-    code-plane kernel runs."""
+    int8 per block of 128). ``layout`` planes: ``ws`` holds code-plane words (:func:`_planes`)
+    and the code-plane kernel runs; half2: the rows' bytes read by ``gemv_half2_kernel``.
+    ``ref``: ``(w_float, out_index)``: the first launch's output is checked against torch's
+    float32 product with that dequantized weight first; returns its max relative error third.""" 
     from passctl.targets.tvm import triton_decode as K
     from passctl.targets.tvm.triton_decoder import A8_BLOCK, triton_cdiv
 
@@ -164,7 +172,13 @@ def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False, p
 
     def launch(i):
         w, s = ws[i % copies]
-        if planes:
+        if layout == "half2":
+            K.gemv_half2_kernel[(triton_cdiv(n, cfg.block_n), split)](
+                w.view(torch.uint8).view(torch.int64), s, x, g, out, out, N=n, K=k, EPS=1e-6,
+                WBITS=wbits, GROUP=128, PROLOGUE=prologue, HAS_RES=split > 1,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, **cfg.launch_options())
+            return
+        if layout == "planes":
             K.gemv_planes_kernel[(triton_cdiv(n, cfg.block_n), split)](
                 w, s, x, g, out, out, K.PLANES_MAGIC, N=n, K=k, EPS=1e-6, WBITS=wbits,
                 WG=128 // (32 // wbits),
@@ -176,6 +190,18 @@ def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False, p
             WBITS=wbits, GROUP=128, PROLOGUE=prologue, HAS_RES=split > 1, BLOCK_N=cfg.block_n,
             BLOCK_K=A8_BLOCK if a8 else cfg.block_k, SPLIT_K=split, **cfg.launch_options())
 
+    err = None
+    if ref is not None:  # numerics first: launch 0 against torch on the dequantized weight
+        out.zero_()
+        launch(0)
+        torch.cuda.synchronize()
+        xv = x.float()
+        if prologue == 1:
+            xv = xv * torch.rsqrt(xv.pow(2).mean() + 1e-6) * g
+        elif prologue == 2:
+            xv = torch.nn.functional.silu(xv[:k]) * xv[k:]
+        want = ref.float() @ xv
+        err = ((out.float() - want).abs().max() / want.abs().max()).item()
     for i in range(3):
         launch(i)
     torch.cuda.synchronize()
@@ -194,7 +220,7 @@ def _time_gemv(ws, n, k, prologue, wbits, cfg: GemvConfig, iters=50, a8=False, p
     torch.cuda.synchronize()
     ms = start.elapsed_time(end) / iters
     nbytes = ws[0][0].numel() * ws[0][0].element_size() + (0 if wbits == 16 else ws[0][1].numel() * 4)
-    return ms, nbytes / ms / 1e9
+    return ms, nbytes / ms / 1e9, err
 
 
 def _planes(ws, wbits):
@@ -205,9 +231,13 @@ def _planes(ws, wbits):
 
 
 #: the sweep's grid per (bits, projection): split-K only where the output is the residual
-def _grid(wbits, name, a8=False, planes=False):
+def _grid(wbits, name, a8=False, layout="rows"):
     splits = (1, 2, 4) if name in ("o", "down") else (1,)
-    if planes:  # K tiles of whole plane blocks (128 inputs); 16 KB tiles are the fp16 kernel's
+    if layout == "half2":  # K tiles of 1-4 thousand inputs: every thread along K (see the kernel)
+        return [GemvConfig(bn, bk, nw, sk) for bn in (8, 16)
+                for bk, nw in ((1024, 2), (2048, 2), (2048, 4), (4096, 4))
+                for sk in splits[:2]]
+    if layout == "planes":  # K tiles of whole plane blocks (128 inputs); 16 KB tiles are the fp16 kernel's
         bks = (512, 1024) if wbits == 8 else (1024, 2048)
         bns = (8, 16, 32) if name in ("o", "down") else (16, 32, 64)
         return [GemvConfig(bn, bk, nw, sk) for bn in bns for bk in bks for nw in (4, 8)
@@ -228,24 +258,38 @@ def sweep(args) -> int:
     names = args.shapes or list(SHAPES)
     kinds = [(b, a8) for b in args.wbits for a8 in ((False, True) if args.a8 == "both" else
                                                     (args.a8 == "only",)) if not (a8 and b == 16)]
-    planes = args.layout == "planes"
-    if planes:
+    layout = args.layout
+    if layout != "rows":
         kinds = [(b, False) for b in args.wbits if b != 16]
-    tag = "p" if planes else ""
+    tag = {"rows": "", "planes": "p", "half2": "h"}[layout]
     for wbits, a8 in kinds:
         for name in names:
             n, k, pro = SHAPES[name]
             results = []
             ws = _weights(n, k, wbits)
-            if planes:
+            ref = None
+            if layout == "half2":  # its fp16 arithmetic checked against torch on every config
+                from passctl.targets.tvm.triton_decoder import dequantize
+                ref = dequantize(ws[0][0], ws[0][1], wbits, 128)
+            if layout == "planes":
                 ws = _planes(ws, wbits)
-            for cfg in _grid(wbits, name, a8, planes):
+            worst = 0.0
+            for cfg in _grid(wbits, name, a8, layout):
                 try:
-                    ms, tbs = _time_gemv(ws, n, k, pro, wbits, cfg, a8=a8, planes=planes)
+                    ms, tbs, err = _time_gemv(ws, n, k, pro, wbits, cfg, a8=a8, layout=layout,
+                                              ref=ref)
                 except Exception as exc:  # noqa: BLE001  (a config out of registers / shared memory)
-                    print(f"  {name} w{wbits} {cfg}: {type(exc).__name__}")
+                    print(f"  {name} w{wbits} {cfg}: {type(exc).__name__}: {str(exc)[:200]}")
                     continue
+                if err is not None:
+                    worst = max(worst, err)
+                    if not err < 5e-3:
+                        print(f"  {name} w{wbits} {cfg}: WRONG, max rel {err:.2e} against torch")
+                        continue
                 results.append((ms, tbs, cfg))
+            if ref is not None:
+                print(f"  {name} w{wbits} half2: worst max rel against torch {worst:.2e} "
+                      f"over {len(results)} configs", flush=True)
             del ws
             results.sort(key=lambda r: r[0])
             ms, tbs, cfg = results[0]
@@ -266,9 +310,10 @@ def sweep(args) -> int:
     return 0
 
 
-def _configs(path, wbits, a8=False, planes=False):
+def _configs(path, wbits, a8=False, layout="rows"):
     """Tiles per projection for ``wbits`` (keys ``"8:qkv"``; ``"8a8:qkv"`` for the
-    integer-dot kernel, ``"8p:qkv"`` for the code-plane one) from a sweep's json; with ``a8``,
+    integer-dot kernel, ``"8p:qkv"`` for the code-plane one, ``"8h:qkv"`` for the f16x2 one)
+    from a sweep's json; with ``a8``,
     per projection the faster of the two kernels as the sweep timed them."""
     if not path:
         return None
@@ -280,8 +325,9 @@ def _configs(path, wbits, a8=False, planes=False):
                                            a8=want.endswith("a8")))
                 for key, v in data.items() for b, name in [key.split(":")] if b == want}
 
-    if planes:
-        return {name: cfg for name, (_, cfg) in read(f"{wbits}p").items()} or None
+    if layout != "rows":
+        return {name: cfg for name, (_, cfg) in
+                read(f"{wbits}{layout[0]}").items()} or None
     plain = read(str(wbits))
     if not a8:
         return {name: cfg for name, (_, cfg) in plain.items()}
@@ -374,15 +420,15 @@ def bench(args) -> int:
     for wbits in args.wbits:
         for variant in args.variants:
             fused, pdl, a8 = variant != "unfused", "pdl" in variant, variant.endswith("-a8")
-            planes = variant.endswith("-planes")
-            if planes and wbits == 16:
+            layout = _layout(variant)
+            if layout != "rows" and wbits == 16:
                 continue
             if pdl and not K.HAS_PDL:
                 print(f"passctl w{wbits} {variant}: skipped, this Triton has no PDL")
                 continue
             if a8 and wbits == 16:
                 continue
-            gemv = _configs(args.configs, wbits, a8, planes) or {}
+            gemv = _configs(args.configs, wbits, a8, layout) or {}
             if a8 and gemv and not any(c.a8 for c in gemv.values()):
                 print(f"passctl w{wbits} {variant}: skipped, the sweep found the float GEMV "
                       "faster for every projection")
@@ -392,14 +438,13 @@ def bench(args) -> int:
             label = ("fp16" if wbits == 16 else f"int{wbits} weight-only (RTN)") + f", {variant}"
             if a8:
                 label += " (int8 activations per block of 128)"
-            if planes:
-                label += " (code-plane GEMV)"
+            if layout != "rows":
+                label += {"planes": " (code-plane GEMV)", "half2": " (f16x2 GEMV)"}[layout]
             try:
                 t0 = time.perf_counter()
                 dec = TritonDecoder(sd, cfg, max_length=max_length, wbits=wbits, gemv=gemv,
                                     inv_freq=model.model.rotary_emb.inv_freq,
-                                    fuse_attention=fused, pdl=pdl, act_int8=a8,
-                                    layout="planes" if planes else "rows")
+                                    fuse_attention=fused, pdl=pdl, act_int8=a8, layout=layout)
                 dec.prefill(ids)
                 dec.capture()
                 torch.cuda.synchronize()
@@ -468,14 +513,17 @@ def main(argv=None) -> int:
                         "transformers' static cache sizes it)")
     p.add_argument("--variants", nargs="+", default=["unfused", "fused", "fused-pdl"],
                    choices=("unfused", "fused", "fused-pdl", "fused-a8", "fused-pdl-a8",
-                            "fused-planes", "fused-pdl-planes"),
+                            "fused-planes", "fused-pdl-planes", "fused-half2", "fused-pdl-half2"),
                    help="unfused: 7 kernels per layer (rotary and merge apart), no split-K; "
                         "fused: 5 per layer + split-K O / down; fused-pdl: and programmatic "
                         "dependent launch; -a8: int8 / int4 GEMVs with int8 activations "
                         "(integer dot products; skipped for fp16); -planes: int8 / int4 GEMVs "
-                        "over code-plane words (gemv_planes_kernel; skipped for fp16)")
-    p.add_argument("--layout", choices=("rows", "planes"), default="rows",
-                   help="sweep: the byte-row GEMVs (rows) or the code-plane one (planes)")
+                        "over code-plane words (gemv_planes_kernel; skipped for fp16); -half2: "
+                        "int8 / int4 GEMVs in f16x2 arithmetic (gemv_half2_kernel)")
+    p.add_argument("--layout", choices=("rows", "planes", "half2"), default="rows",
+                   help="sweep: the byte-row GEMVs (rows), the code-plane one (planes) or the "
+                        "f16x2 one over the byte rows (half2; each config's output checked "
+                        "against torch first)")
     p.add_argument("--a8", choices=("no", "only", "both"), default="no",
                    help="sweep: the float-dequantizing GEMV (no), the integer-dot one (only), "
                         "or both")

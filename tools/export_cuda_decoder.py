@@ -38,13 +38,14 @@ def _quantization(spec, wbits: int, block: Optional[int], layout: Optional[str])
 
     Raises:
         UserError: a group that does not divide the projections' inputs, or ``planes`` where its
-            blocks do not fit (int4: group >= 128; int8: inputs a multiple of 64), or ``planes``
-            with float weights.
+            blocks do not fit (int4: group >= 128; int8: inputs a multiple of 64), ``half2``
+            where its 64-bit words do not (inputs a multiple of 64 / bits), or either with
+            float weights.
     """
     group = int(block) if block else 128
     if wbits == 16:
-        if layout == "planes":
-            raise UserError("--weight-layout planes applies to --weights int8 / int4")
+        if layout in ("planes", "half2"):
+            raise UserError(f"--weight-layout {layout} applies to --weights int8 / int4")
         return group, "rows"
     inputs = (spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim)
     if wbits == 4 and (group % 2 or any(k % group for k in inputs)):
@@ -56,6 +57,9 @@ def _quantization(spec, wbits: int, block: Optional[int], layout: Optional[str])
     if layout == "planes" and not planes_ok:
         raise UserError("--weight-layout planes needs int4 groups of >= 128 (--block) or int8 "
                         "inputs that are multiples of 64; use --weight-layout rows")
+    if layout == "half2" and any(k % (64 // wbits) for k in inputs):
+        raise UserError(f"--weight-layout half2 needs the projections' inputs to be multiples of "
+                        f"{64 // wbits} (int{wbits}); use --weight-layout rows")
     return group, layout
 
 

@@ -71,9 +71,10 @@ def add_parser(sub) -> None:
                         "decode step as one CUDA graph per token (docs/generate.md)")
     p.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default=None,
                    help="a GPU --target: weight dtype of the CUDA artifact (default fp16)")
-    p.add_argument("--weight-layout", choices=("rows", "planes"), default=None,
-                   help="a GPU --target with --weights int8/int4: byte rows or code planes "
-                        "(default: planes for int4, rows for int8)")
+    p.add_argument("--weight-layout", choices=("rows", "half2", "planes"), default=None,
+                   help="a GPU --target with --weights int8/int4: byte rows (float32 "
+                        "arithmetic), the same rows read with fp16 pair arithmetic (half2), or "
+                        "code planes (default: planes for int4, rows for int8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
 
 
@@ -445,8 +446,9 @@ def _main_cuda(args, path: str, target, console, start: float) -> int:
     if args.asymmetric:
         raise UserError(f"--asymmetric: the CUDA decode step's int8 / int4 weights are symmetric "
                         f"(--target {target.name})")
-    if args.weights == "fp32" and (args.block is not None or args.weight_layout == "planes"):
-        raise UserError(f"--{'block' if args.block is not None else 'weight-layout planes'} "
+    if args.weights == "fp32" and (args.block is not None
+                                   or args.weight_layout in ("planes", "half2")):
+        raise UserError(f"--{'block' if args.block is not None else 'weight-layout ' + args.weight_layout} "
                         "applies to --weights int8 / int4")
     check_dtype(target, args.dtype or "fp16")
     prepare_out(args.out)

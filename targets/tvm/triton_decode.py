@@ -39,10 +39,16 @@ step is identical, which is what lets the step be captured once as a CUDA graph.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
 from passctl.targets.tvm.triton_kernels import grouped_tile
+
+#: Triton's CPU interpreter is running the kernels (``TRITON_INTERPRET=1``): inline PTX cannot
+#: run, so ``gemv_half2_kernel`` takes its ``EMULATE`` path
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 try:  # grid dependency control (programmatic dependent launch), sm_90+; Triton >= 3.3
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -131,17 +137,27 @@ def heads_to_rows_kernel(src_ptr, dst_ptr, S: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
+def _ld(ptr, ok):
+    """``tl.load`` reading 0 where ``ok`` is False; ``ok`` None: no mask."""
+    if ok is None:
+        v = tl.load(ptr)
+    else:
+        v = tl.load(ptr, mask=ok, other=0.0)
+    return v
+
+
+@triton.jit
 def _input(x_ptr, norm_ptr, cols, ok, inv_rms, K: tl.constexpr, PROLOGUE: tl.constexpr):
-    """The GEMV's input vector at ``cols`` (float32), after its prologue (see gemv_kernel)."""
+    """The GEMV's input vector at ``cols`` (float32), after its prologue (see gemv_kernel);
+    ``ok`` masks the reads (None: all in range)."""
     if PROLOGUE == 1:
-        xv = tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32) * inv_rms \
-            * tl.load(norm_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        xv = _ld(x_ptr + cols, ok).to(tl.float32) * inv_rms * _ld(norm_ptr + cols, ok).to(tl.float32)
     elif PROLOGUE == 2:
-        g = tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        u = tl.load(x_ptr + K + cols, mask=ok, other=0.0).to(tl.float32)
+        g = _ld(x_ptr + cols, ok).to(tl.float32)
+        u = _ld(x_ptr + K + cols, ok).to(tl.float32)
         xv = g / (1.0 + tl.exp(-g)) * u
     else:
-        xv = tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        xv = _ld(x_ptr + cols, ok).to(tl.float32)
     return xv
 
 
@@ -357,6 +373,261 @@ def gemv_planes_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr, magi
         y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
     _store_rows(out_ptr, res_ptr, rows, row_ok, y, HAS_RES, SPLIT_K)
 
+
+#: f16x2 dequantize-and-dot of one 64-bit word of int4 codes (16 weights, inputs ``k .. k + 15``;
+#: the rows layout: input ``k + t`` in nibble ``t``, code ``c = q + 8``). One LOP3 puts two codes
+#: into the mantissas of two fp16 1024s (nibbles ``t`` and ``t + 4`` of a 32-bit half land in
+#: the low and high halves); codes in the high nibble of a byte come out as ``1024 + 16 c`` and
+#: one HFMA2 (``v / 16 - 72``) turns them into ``q``, the low ones one HSUB2 (``v - 1032``): the
+#: "magic number" conversion of Kim et al. 2022 (FasterTransformer) and Frantar et al. 2024
+#: (Marlin). The eight pairs multiply the packed input pairs ``$2 .. $9`` (see
+#: ``gemv_half2_kernel``) in one f16x2 chain (each half sums 8 products), and the two halves are
+#: added in float32.
+_INT4_WORD_DOT = tl.constexpr("""{
+.reg .b32 lo, hi, t, a, b, c, d, e, f, g, h, acc, k1032, k16, k72;
+.reg .f16 h0, h1;
+.reg .f32 f0, f1;
+mov.b32 k1032, 0x64086408;
+mov.b32 k16, 0x2C002C00;
+mov.b32 k72, 0xD480D480;
+mov.b64 {lo, hi}, $1;
+lop3.b32 a, lo, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 b, lo, 0x00F000F0, 0x64006400, 0xEA;
+shr.u32 t, lo, 8;
+lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 d, t, 0x00F000F0, 0x64006400, 0xEA;
+lop3.b32 e, hi, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 f, hi, 0x00F000F0, 0x64006400, 0xEA;
+shr.u32 t, hi, 8;
+lop3.b32 g, t, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 h, t, 0x00F000F0, 0x64006400, 0xEA;
+sub.f16x2 a, a, k1032;
+fma.rn.f16x2 b, b, k16, k72;
+sub.f16x2 c, c, k1032;
+fma.rn.f16x2 d, d, k16, k72;
+sub.f16x2 e, e, k1032;
+fma.rn.f16x2 f, f, k16, k72;
+sub.f16x2 g, g, k1032;
+fma.rn.f16x2 h, h, k16, k72;
+mul.rn.f16x2 acc, a, $2;
+fma.rn.f16x2 acc, b, $3, acc;
+fma.rn.f16x2 acc, c, $4, acc;
+fma.rn.f16x2 acc, d, $5, acc;
+fma.rn.f16x2 acc, e, $6, acc;
+fma.rn.f16x2 acc, f, $7, acc;
+fma.rn.f16x2 acc, g, $8, acc;
+fma.rn.f16x2 acc, h, $9, acc;
+mov.b32 {h0, h1}, acc;
+cvt.f32.f16 f0, h0;
+cvt.f32.f16 f1, h1;
+add.f32 $0, f0, f1;
+}""")
+
+#: the same for one 64-bit word of int8 weights (8 weights, inputs ``k .. k + 7``, two's-complement
+#: bytes in input order): XOR 0x80 makes the codes ``u = q + 128``, one PRMT puts two bytes into
+#: the mantissas of two fp16 1024s, one HSUB2 (``v - 1152``) leaves ``q``; ``$2 .. $5`` are the
+#: packed pairs ``(x_0, x_1) .. (x_6, x_7)``, each half sums 4 products.
+_INT8_WORD_DOT = tl.constexpr("""{
+.reg .b32 lo, hi, a, b, c, d, acc, k1152, m;
+.reg .f16 h0, h1;
+.reg .f32 f0, f1;
+mov.b32 k1152, 0x64806480;
+mov.b32 m, 0x64646464;
+mov.b64 {lo, hi}, $1;
+xor.b32 lo, lo, 0x80808080;
+xor.b32 hi, hi, 0x80808080;
+prmt.b32 a, lo, m, 0x4140;
+prmt.b32 b, lo, m, 0x4342;
+prmt.b32 c, hi, m, 0x4140;
+prmt.b32 d, hi, m, 0x4342;
+sub.f16x2 a, a, k1152;
+sub.f16x2 b, b, k1152;
+sub.f16x2 c, c, k1152;
+sub.f16x2 d, d, k1152;
+mul.rn.f16x2 acc, a, $2;
+fma.rn.f16x2 acc, b, $3, acc;
+fma.rn.f16x2 acc, c, $4, acc;
+fma.rn.f16x2 acc, d, $5, acc;
+mov.b32 {h0, h1}, acc;
+cvt.f32.f16 f0, h0;
+cvt.f32.f16 f1, h1;
+add.f32 $0, f0, f1;
+}""")
+
+
+@triton.jit
+def _half2_bits(lo, hi):
+    """Two float32 tensors as packed fp16 pairs (uint32: ``lo`` in bits 0-15, ``hi`` in 16-31),
+    each rounded to fp16."""
+    lo16 = lo.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
+    hi16 = hi.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32)
+    return lo16 | (hi16 << 16)
+
+
+@triton.jit
+def _emulated_pair(acc_lo, acc_hi, w, lo: tl.constexpr, hi: tl.constexpr, BITS: tl.constexpr,
+                   xp, FIRST: tl.constexpr):
+    """One f16x2 multiply-add of :func:`_word_dot`'s chain in Triton operations: the codes at
+    code positions ``lo`` and ``hi`` of the 64-bit words ``w`` (``BITS`` wide, zero at
+    ``2^(BITS-1)``) times the halves of the packed pairs ``xp``, summed into fp16 ``acc_*``."""
+    mask: tl.constexpr = (1 << BITS) - 1
+    zero: tl.constexpr = 1 << (BITS - 1)
+    q_lo = (((w >> (BITS * lo)) & mask).to(tl.int32) - zero).to(tl.float16)
+    q_hi = (((w >> (BITS * hi)) & mask).to(tl.int32) - zero).to(tl.float16)
+    x_lo = (xp & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
+    x_hi = (xp >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+    if FIRST:
+        return q_lo * x_lo, q_hi * x_hi
+    return acc_lo + q_lo * x_lo, acc_hi + q_hi * x_hi
+
+
+@triton.jit
+def _word_dot(w, x0, x1, x2, x3, x4, x5, x6, x7, WBITS: tl.constexpr, EMULATE: tl.constexpr):
+    """Float32 dot of each 64-bit word of codes ``w`` (uint64) with its packed input pairs
+    (:data:`_INT4_WORD_DOT`: 16 codes and the pairs ``x0 .. x7``; :data:`_INT8_WORD_DOT`: 8
+    codes and ``x0 .. x3``). ``EMULATE``: the same arithmetic in Triton operations (fp16
+    products and sums in the same order, unfused), for Triton's interpreter, which runs no
+    PTX."""
+    if EMULATE:
+        if WBITS == 4:
+            # pairs (t, t + 4) of each 32-bit half (see _INT4_WORD_DOT)
+            a_lo, a_hi = _emulated_pair(0.0, 0.0, w, 0, 4, 4, x0, True)
+            a_lo, a_hi = _emulated_pair(a_lo, a_hi, w, 1, 5, 4, x1, False)
+            a_lo, a_hi = _emulated_pair(a_lo, a_hi, w, 2, 6, 4, x2, False)
+            a_lo, a_hi = _emulated_pair(a_lo, a_hi, w, 3, 7, 4, x3, False)
+            a_lo, a_hi = _emulated_pair(a_lo, a_hi, w, 8, 12, 4, x4, False)
+            a_lo, a_hi = _emulated_pair(a_lo, a_hi, w, 9, 13, 4, x5, False)
+            a_lo, a_hi = _emulated_pair(a_lo, a_hi, w, 10, 14, 4, x6, False)
+            a_lo, a_hi = _emulated_pair(a_lo, a_hi, w, 11, 15, 4, x7, False)
+        else:
+            u = w ^ 0x8080808080808080
+            a_lo, a_hi = _emulated_pair(0.0, 0.0, u, 0, 1, 8, x0, True)
+            a_lo, a_hi = _emulated_pair(a_lo, a_hi, u, 2, 3, 8, x1, False)
+            a_lo, a_hi = _emulated_pair(a_lo, a_hi, u, 4, 5, 8, x2, False)
+            a_lo, a_hi = _emulated_pair(a_lo, a_hi, u, 6, 7, 8, x3, False)
+        return a_lo.to(tl.float32) + a_hi.to(tl.float32)
+    if WBITS == 4:
+        return tl.inline_asm_elementwise(_INT4_WORD_DOT, "=r,l,r,r,r,r,r,r,r,r",
+                                         [w, x0, x1, x2, x3, x4, x5, x6, x7],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(_INT8_WORD_DOT, "=r,l,r,r,r,r", [w, x0, x1, x2, x3],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _input_pair(x_ptr, norm_ptr, base, lo: tl.constexpr, hi: tl.constexpr, ok, inv_rms,
+                K: tl.constexpr, PROLOGUE: tl.constexpr, XS: tl.constexpr):
+    """Inputs ``base + lo`` and ``base + hi`` after the prologue, times ``XS``, as packed fp16
+    pairs."""
+    return _half2_bits(_input(x_ptr, norm_ptr, base + lo, ok, inv_rms, K, PROLOGUE) * XS,
+                       _input(x_ptr, norm_ptr, base + hi, ok, inv_rms, K, PROLOGUE) * XS)
+
+
+@triton.jit
+def gemv_half2_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
+                      N: tl.constexpr, K: tl.constexpr, EPS: tl.constexpr,
+                      WBITS: tl.constexpr, GROUP: tl.constexpr,
+                      PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr = 1,
+                      PDL: tl.constexpr = False, EMULATE: tl.constexpr = False):
+    """``out[n] = sum_k W[n, k] * x'[k] (+ res[n])`` for int8 / int4 weights in
+    :func:`gemv_kernel`'s layouts, dequantized and multiplied two weights per instruction
+    (f16x2; :func:`_word_dot`).
+
+    Args:
+        w_ptr: the weight read in 64-bit words (``int64 [N, K * WBITS / 64]``, a
+            ``view(torch.int64)`` of :func:`~passctl.targets.tvm.triton_decoder.quantize_rtn`'s
+            bytes, inputs in order): int8, 8 two's-complement bytes per word, scale fp32 ``[N]``;
+            int4, 16 nibbles ``c = q + 8`` per word, scale fp32 ``[N, K / GROUP]``. ``K`` a
+            multiple of 64 / WBITS, rows 16-byte aligned.
+        x_ptr, norm_ptr, res_ptr, out_ptr, EPS, PROLOGUE, HAS_RES, SPLIT_K, PDL: as in
+            :func:`gemv_kernel`.
+        BLOCK_K: inputs per program and iteration; int4: a multiple of ``GROUP`` or a divisor
+            of it. Large tiles (2048-4096 inputs for the LLaMA shapes) put every thread along K,
+            so each thread converts its inputs to fp16 pairs once per tile and reuses them for
+            all ``BLOCK_N`` rows it holds.
+        EMULATE: the f16x2 arithmetic in Triton operations instead of inline PTX (Triton's
+            interpreter runs no PTX).
+
+    Numerics: the input after its prologue is scaled by ``XS`` (int8 1/16, int4 1/2; exact)
+    and rounded to fp16; each word's products are summed in fp16, 4 (int8) or 8 (int4) per
+    half, and the words in float32. A half's sum stays in fp16 range (65504) while
+    ``|x'| < 2047`` (4 * 128 / 16 and 8 * 8 / 2 times ``|x'|``). The fp16 rounding adds a
+    relative error of about 2^-11 per product: below the int8 / int4 quantization error, above
+    :func:`gemv_kernel`'s float32 arithmetic.
+    """
+    _pdl_enter(PDL)
+    P: tl.constexpr = 64 // WBITS                 # inputs per 64-bit word
+    KW: tl.constexpr = K // P                     # words per row
+    tl.static_assert(KW * P == K)
+    tl.static_assert(BLOCK_K % P == 0)
+    GW: tl.constexpr = ((GROUP if BLOCK_K >= GROUP else BLOCK_K) if WBITS == 4 else BLOCK_K) // P
+    NG: tl.constexpr = BLOCK_K // (GW * P)
+    tl.static_assert(NG * GW * P == BLOCK_K)
+    XS: tl.constexpr = 0.0625 if WBITS == 8 else 0.5
+    pid = tl.program_id(0)
+    KS: tl.constexpr = ((K + SPLIT_K - 1) // SPLIT_K + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+    EVEN: tl.constexpr = (N % BLOCK_N == 0) and (KS * SPLIT_K == K)   # no masks needed
+    k_lo = tl.program_id(1) * KS
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    inv_rms = _inv_rms(x_ptr, K, EPS, 1024 if K >= 1024 else 128, PROLOGUE)
+    gi = tl.arange(0, NG)
+    jj = tl.arange(0, GW)
+    acc = tl.zeros((BLOCK_N, NG, GW), dtype=tl.float32)
+    shape: tl.constexpr = (BLOCK_N, NG, GW)
+    for k0 in range(k_lo, k_lo + KS, BLOCK_K):
+        wi = k0 // P + gi[:, None] * GW + jj[None, :]                  # [NG, GW] word index
+        if EVEN:
+            wok = None
+            wmask = None
+        else:
+            wok = wi < KW
+            wmask = row_ok[:, None, None] & wok[None, :, :]
+        base = wi * P
+        if WBITS == 4:   # pairs (t, t + 4) of each 8-input half word
+            x0 = _input_pair(x_ptr, norm_ptr, base, 0, 4, wok, inv_rms, K, PROLOGUE, XS)
+            x1 = _input_pair(x_ptr, norm_ptr, base, 1, 5, wok, inv_rms, K, PROLOGUE, XS)
+            x2 = _input_pair(x_ptr, norm_ptr, base, 2, 6, wok, inv_rms, K, PROLOGUE, XS)
+            x3 = _input_pair(x_ptr, norm_ptr, base, 3, 7, wok, inv_rms, K, PROLOGUE, XS)
+            x4 = _input_pair(x_ptr, norm_ptr, base, 8, 12, wok, inv_rms, K, PROLOGUE, XS)
+            x5 = _input_pair(x_ptr, norm_ptr, base, 9, 13, wok, inv_rms, K, PROLOGUE, XS)
+            x6 = _input_pair(x_ptr, norm_ptr, base, 10, 14, wok, inv_rms, K, PROLOGUE, XS)
+            x7 = _input_pair(x_ptr, norm_ptr, base, 11, 15, wok, inv_rms, K, PROLOGUE, XS)
+        else:            # pairs (2t, 2t + 1)
+            x0 = _input_pair(x_ptr, norm_ptr, base, 0, 1, wok, inv_rms, K, PROLOGUE, XS)
+            x1 = _input_pair(x_ptr, norm_ptr, base, 2, 3, wok, inv_rms, K, PROLOGUE, XS)
+            x2 = _input_pair(x_ptr, norm_ptr, base, 4, 5, wok, inv_rms, K, PROLOGUE, XS)
+            x3 = _input_pair(x_ptr, norm_ptr, base, 6, 7, wok, inv_rms, K, PROLOGUE, XS)
+            x4 = x0
+            x5 = x0
+            x6 = x0
+            x7 = x0
+        w = _ld(w_ptr + rows[:, None, None] * KW + wi[None, :, :], wmask).to(tl.uint64,
+                                                                            bitcast=True)
+        part = _word_dot(w, tl.broadcast_to(x0[None, :, :], shape),
+                         tl.broadcast_to(x1[None, :, :], shape),
+                         tl.broadcast_to(x2[None, :, :], shape),
+                         tl.broadcast_to(x3[None, :, :], shape),
+                         tl.broadcast_to(x4[None, :, :], shape),
+                         tl.broadcast_to(x5[None, :, :], shape),
+                         tl.broadcast_to(x6[None, :, :], shape),
+                         tl.broadcast_to(x7[None, :, :], shape), WBITS, EMULATE)
+        # masked-out words read 0 (int4 code 0 is -8) against inputs masked to 0
+        if WBITS == 4:
+            grp = (k0 + gi * (GW * P)) // GROUP
+            if EVEN:
+                sc = tl.load(scale_ptr + rows[:, None] * (K // GROUP) + grp[None, :])
+            else:
+                sc = tl.load(scale_ptr + rows[:, None] * (K // GROUP) + grp[None, :],
+                             mask=row_ok[:, None] & (grp < K // GROUP)[None, :], other=0.0)
+            acc += part * sc[:, :, None]
+        else:
+            acc += part
+    y = tl.sum(tl.sum(acc, 2), 1) * (1.0 / XS)
+    if WBITS == 8:
+        y = y * tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
+    _store_rows(out_ptr, res_ptr, rows, row_ok, y, HAS_RES, SPLIT_K)
 
 @triton.jit
 def gemm_planes_kernel(a_ptr, w_ptr, scale_ptr, res_ptr, c_ptr,

@@ -89,6 +89,9 @@ def dequantize(q, scale, bits: int, group: int = 128):
     return (vals.reshape(n, -1, group) * scale[:, :, None]).reshape(n, -1)
 
 
+#: the decode GEMVs' weight layouts (see :class:`TritonDecoder`)
+LAYOUTS = ("rows", "half2", "planes")
+
 #: inputs per plane block of the int8 code-plane layout (int4's is its quantization group)
 PLANES_INT8_BLOCK = 128
 
@@ -132,7 +135,8 @@ class _Linear:
     """One projection's device weight in the GEMV's format.
 
     ``layout``: ``rows`` (:func:`quantize_rtn`'s bytes, read by ``gemv_kernel`` /
-    ``gemv_a8_kernel``) or ``planes`` (int8 / int4 only: :func:`pack_planes`, read by
+    ``gemv_a8_kernel``), ``half2`` (the same bytes read in 64-bit words by
+    ``gemv_half2_kernel``) or ``planes`` (int8 / int4 only: :func:`pack_planes`, read by
     ``gemv_planes_kernel``; the same codes and scales)."""
 
     def __init__(self, w, wbits: int, group: int, layout: str = "rows"):
@@ -164,6 +168,11 @@ class _Linear:
                 self.float_weight = dequantize(self.w, self.scale, wbits, group).to(w.dtype)
                 # gemv_kernel reads int8 through a uint8 view (see its docstring)
                 self.kernel_weight = self.w.view(torch.uint8)
+                if self.layout == "half2":  # the same bytes in 64-bit words of 64 / wbits inputs
+                    if self.k % (64 // wbits):
+                        raise ValueError(f"layout='half2' needs K a multiple of {64 // wbits} "
+                                         f"(int{wbits}); K={self.k}")
+                    self.kernel_weight = self.kernel_weight.view(torch.int64)
 
     @property
     def nbytes(self) -> int:
@@ -191,7 +200,9 @@ class TritonDecoder:
             per block of :data:`A8_BLOCK` at run time and multiply with integer dot products
             (``gemv_a8_kernel``; the scheme of ONNX Runtime's MatMulNBits at accuracy_level 4).
             Int4 needs ``group`` = :data:`A8_BLOCK`. The prefill is unchanged (float GEMMs).
-        layout: with ``wbits`` 8 or 4, ``rows`` (``gemv_kernel``'s bytes) or ``planes`` (the
+        layout: with ``wbits`` 8 or 4, ``rows`` (``gemv_kernel``'s bytes), ``half2`` (the same
+            bytes, read by ``gemv_half2_kernel``: fp16 pair arithmetic, two weights per
+            instruction; ``K`` a multiple of 64 / wbits) or ``planes`` (the
             code-plane words of :func:`pack_planes`, read by ``gemv_planes_kernel``; its tiles'
             ``block_k`` must be a multiple of 128). Not with ``act_int8``.
 
@@ -223,8 +234,9 @@ class TritonDecoder:
             raise ValueError(f"act_int8 needs int8 weights or int4 in groups of {A8_BLOCK} "
                              f"(got wbits={wbits}, group={group})")
         self.act_int8 = bool(act_int8)
-        if layout not in ("rows", "planes") or (layout == "planes" and act_int8):
-            raise ValueError(f"layout={layout!r}: use 'rows' or 'planes' (planes not with act_int8)")
+        if layout not in LAYOUTS or (layout != "rows" and act_int8):
+            raise ValueError(f"layout={layout!r}: use one of {', '.join(LAYOUTS)} (only rows with "
+                             f"act_int8)")
         self.layout = layout
         if pdl and not K.HAS_PDL:
             raise ValueError("this Triton has no grid dependency control (pdl=True needs >= 3.3)")
@@ -233,7 +245,8 @@ class TritonDecoder:
             raise ValueError(f"head size {self.D} is not a power of two")
         if self.M % self.SPLIT:
             raise ValueError(f"max_length {self.M} is not a multiple of {self.SPLIT}")
-        self.gemv = {name: GemvConfig() for name in ("qkv", "o", "gate_up", "down", "lm_head")}
+        default = GemvConfig(16, 2048, 2) if layout == "half2" and wbits != 16 else GemvConfig()
+        self.gemv = {name: default for name in ("qkv", "o", "gate_up", "down", "lm_head")}
         self.gemv.update(gemv or {})
         emb = state["model.embed_tokens.weight"]
         dev, dt = emb.device, emb.dtype
@@ -306,6 +319,14 @@ class TritonDecoder:
               pdl=False):
         split = cfg.split_k if (res is out and out.dtype == self.x.dtype) else 1
         grid = (triton_cdiv(lin.n, cfg.block_n), split)
+        if lin.layout == "half2":
+            K.gemv_half2_kernel[grid](
+                lin.kernel_weight, lin.scale, x, norm if norm is not None else x,
+                res if res is not None else out, out, N=lin.n, K=lin.k, EPS=self.eps,
+                WBITS=lin.wbits, GROUP=lin.group, PROLOGUE=prologue, HAS_RES=res is not None,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
+                EMULATE=K.INTERPRETED, **cfg.launch_options(), **self._launch(pdl))
+            return
         if lin.layout == "planes":
             K.gemv_planes_kernel[grid](
                 lin.kernel_weight, lin.scale, x, norm if norm is not None else x,

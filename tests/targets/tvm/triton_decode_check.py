@@ -68,8 +68,9 @@ def generate() -> dict:
 
 
 def generate_planes() -> dict:
-    """Greedy tokens and teacher-forced logits of the decode step with int8 / int4 weights in code
-    planes (decode GEMV and prefill GEMM both read the packed words) against transformers' fp32
+    """Greedy tokens and teacher-forced logits of the decode step with int4 weights in code
+    planes (decode GEMV and prefill GEMM both read the packed words), and with int4 rows read by
+    the f16x2 GEMV (layout half2, its arithmetic emulated; int8's in the GEMV test), against transformers' fp32
     Llama whose projections hold the same quantized weights, dequantized (quantize_rtn's)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -79,7 +80,7 @@ def generate_planes() -> dict:
     out = {}
     # int8 in code planes runs end to end through the CUDA artifact's interpreter test
     # (tests/decoder/test_cuda_artifact.py); int4 here
-    for bits in (4,):
+    for bits, layout in ((4, "planes"), (4, "half2")):
         torch.manual_seed(0)
         cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
@@ -102,10 +103,10 @@ def generate_planes() -> dict:
         gemv = {name: GemvConfig(8, 256, 1) for name in ("qkv", "gate_up", "lm_head")}
         gemv.update(o=GemvConfig(8, 128, 1, split_k=1), down=GemvConfig(8, 128, 1, split_k=2))
         dec = TritonDecoder(sd, cfg, max_length=32, split=8, wbits=bits, group=128, gemv=gemv,
-                            layout="planes", inv_freq=model.model.rotary_emb.inv_freq)
+                            layout=layout, inv_freq=model.model.rotary_emb.inv_freq)
         toks = dec.generate(prompt[0].tolist(), n_new)
         worst = _teacher_forced_max_rel(dec, prompt[0].tolist(), ref_tokens, ref_logits)
-        out[f"int{bits}-planes"] = dict(tokens=toks, ref_tokens=ref_tokens, max_rel=worst,
+        out[f"int{bits}-{layout}"] = dict(tokens=toks, ref_tokens=ref_tokens, max_rel=worst,
                                         float_copies=sum(lin.float_weight is not None
                                                          for layer in dec.layers
                                                          for lin in layer.values()
@@ -252,6 +253,45 @@ def gemv_planes() -> dict:
     return dict(cases=results)
 
 
+def gemv_half2() -> dict:
+    """gemv_half2_kernel (EMULATE: its f16x2 arithmetic in Triton operations) against numpy's
+    float64 product with quantize_rtn's dequantized weight: masked tiles (40 rows, tiles of 16;
+    K tiles past K) and unmasked ones (32 rows, K = split * tiles), each prologue, split-K; one
+    input of 1000 (prologue 0) to show a word's fp16 sums stay in range."""
+    from passctl.targets.tvm import triton_decode as K
+    from passctl.targets.tvm.triton_decoder import dequantize, quantize_rtn, triton_cdiv
+
+    k, eps, group = 384, 1e-6, 64
+    results = []
+    for n in (40, 32):
+        w, x, gain, res0, inputs = _gemv_case(5, n, k, eps, zeros=[5])
+        x_big = x.clone()
+        x_big[9] = 1000.0
+        inputs["big"] = inputs[0].copy()
+        inputs["big"][9] = 1000.0
+        for bits in (8, 4):
+            wq, scale = quantize_rtn(w, bits, group)
+            wref = dequantize(wq, scale, bits, group).numpy().astype(np.float64)
+            words = wq.view(torch.uint8).view(torch.int64)
+            for prologue in (0, 1, 2, "big"):
+                for split in (1, 2):
+                    for bk in (64, 128, 256):
+                        out = res0.clone()
+                        K.gemv_half2_kernel[(triton_cdiv(n, 16), split)](
+                            words, scale, x_big if prologue == "big" else x, gain, out, out,
+                            N=n, K=k, EPS=eps, WBITS=bits, GROUP=group,
+                            PROLOGUE=0 if prologue == "big" else prologue, HAS_RES=True, BLOCK_N=16,
+                            BLOCK_K=bk, SPLIT_K=split, EMULATE=True)
+                        ref = wref @ inputs[prologue] + res0.numpy()
+                        ks = -(-(-(-k // split)) // bk) * bk
+                        results.append(dict(
+                            bits=bits, n=n, prologue=prologue, split_k=split, block_k=bk,
+                            even=n % 16 == 0 and ks * split == k,
+                            max_rel=float(np.abs(out.numpy() - ref).max() / np.abs(ref).max())))
+    return dict(cases=results)
+
+
 if __name__ == "__main__":
     print(json.dumps({"generate": generate, "gemv": gemv, "gemv_a8": gemv_a8,
-                      "gemv_planes": gemv_planes, "generate_planes": generate_planes}[sys.argv[1]]()))
+                      "gemv_planes": gemv_planes, "gemv_half2": gemv_half2,
+                      "generate_planes": generate_planes}[sys.argv[1]]()))
