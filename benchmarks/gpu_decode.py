@@ -235,7 +235,7 @@ def _grid(wbits, name, a8=False, layout="rows"):
     splits = (1, 2, 4) if name in ("o", "down") else (1,)
     if layout == "half2":  # K tiles of 1-4 thousand inputs: every thread along K (see the kernel)
         return [GemvConfig(bn, bk, nw, sk) for bn in (8, 16)
-                for bk, nw in ((1024, 2), (2048, 2), (2048, 4), (4096, 4))
+                for bk, nw in ((2048, 2), (2048, 4), (4096, 4))
                 for sk in splits[:2]]
     if layout == "planes":  # K tiles of whole plane blocks (128 inputs); 16 KB tiles are the fp16 kernel's
         bks = (512, 1024) if wbits == 8 else (1024, 2048)
