@@ -42,6 +42,11 @@ VARIANTS = [("fp16", None, None), ("int8", "int8", "rows"), ("int8", "int8", "ha
             ("int4", "int4", "planes"), ("int4", "int4", "half2")]
 
 
+def _name(variant) -> str:
+    label, _, layout = variant
+    return label if layout is None else f"{label}-{layout}"
+
+
 def _cli(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """``passctl ARGV`` in a subprocess (this checkout as the package)."""
     import passctl
@@ -58,6 +63,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder (save_pretrained)")
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--prompt", default="The capital of France is")
+    p.add_argument("--variants", nargs="+", default=[_name(v) for v in VARIANTS],
+                   choices=[_name(v) for v in VARIANTS], help="artifacts to export and run")
     args = p.parse_args(argv)
 
     import transformers
@@ -91,7 +98,7 @@ def main(argv=None) -> int:
           flush=True)
 
     rows, ok = [], True
-    for label, weights, layout in VARIANTS:
+    for label, weights, layout in [v for v in VARIANTS if _name(v) in args.variants]:
         art = os.path.join(tmp, f"art-{label}-{layout}")
         cmd = ["export-decoder", src, "-o", art, "--target", "h200", "--max-length", "256"]
         if weights:
@@ -138,8 +145,10 @@ def main(argv=None) -> int:
         if label != "fp16":
             shutil.rmtree(art, ignore_errors=True)
 
-    # user mistakes: one line, exit 2
+    # user mistakes: one line, exit 2 (on the fp16 artifact, or the source folder)
     art = os.path.join(tmp, "art-fp16-None")
+    if not os.path.isdir(art):
+        art = src
     mistakes = []
     missing = _cli("generate", art, "--prompt-file", os.path.join(tmp, "no-such-prompt.txt"))
     mistakes.append(("prompt file that does not exist", missing))
