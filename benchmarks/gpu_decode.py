@@ -299,15 +299,22 @@ def sweep(args) -> int:
                 TBps=round(tbs, 3))
             print(f"w{wbits}{'a8' if a8 else tag:<2} {name:8s} [{n}x{k}] best {cfg} {ms * 1000:.1f} us {tbs:.2f} TB/s "
                   f"({len(results)} configs, {time.time() - t0:.0f} s)", flush=True)
+            _write_configs(args, best)  # after every shape: a run cut short keeps what it found
     print(f"sweep took {time.time() - t0:.0f} s")
+    print("wrote", _write_configs(args, best))
+    return 0
+
+
+def _write_configs(args, best) -> str:
+    """Merge ``best`` into the sweep's json (``--out``; entries of shapes / bits not swept this
+    time are kept); returns its path."""
     out = args.out or os.path.join(os.environ.get("OUT", "."), "gemv_configs.json")
-    if os.path.exists(out):  # keep the entries of shapes / bits not swept this time
+    if os.path.exists(out):
         with open(out) as f:
             best = {**json.load(f), **best}
     with open(out, "w") as f:
         json.dump(best, f, indent=1)
-    print("wrote", out)
-    return 0
+    return out
 
 
 def _configs(path, wbits, a8=False, layout="rows"):

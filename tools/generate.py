@@ -121,6 +121,16 @@ def _streamed(manifest: dict, result) -> str:
     return text
 
 
+def stop_note(tokens, max_new_tokens: int, manifest: dict) -> str:
+    """``; stopped at the end-of-sequence token ...`` when generation ended before
+    ``max_new_tokens`` on one of the manifest's ``eos_token_ids``, else ``""``."""
+    eos = set(manifest.get("eos_token_ids") or ())
+    if tokens and len(tokens) < max_new_tokens and tokens[-1] in eos:
+        return (f"; stopped at the end-of-sequence token after {len(tokens)} of "
+                f"{max_new_tokens} (--ignore-eos goes on)")
+    return ""
+
+
 def _where(manifest: dict) -> str:
     """Where the decode steps ran: ``cpu``, or ``cuda, h200 target``."""
     from passctl.passes.decoder.spec import CUDA_LAYOUT
@@ -180,6 +190,7 @@ def main(args, console) -> int:
         print(f"passctl: {result.prompt_tokens} prompt tokens, {n} new; time to first token "
               f"{1000 * result.time_to_first_token_s:.1f} ms, {result.ms_per_token:.2f} ms/token, "
               f"{result.tokens_per_s:.1f} tokens/s (decode, {_where(manifest)})"
-              f"{_streamed(manifest, result)}",
+              f"{_streamed(manifest, result)}"
+              f"{stop_note(result.tokens[0].tolist(), args.max_new_tokens, manifest)}",
               file=sys.stderr)
     return 0

@@ -113,6 +113,18 @@ def test_generate_streams_text_and_reports_speed(tiny):
                                                    stop_at_eos=False).tokens[0].tolist()
     assert ids == expect
     assert "time to first token" in err and "tokens/s" in err
+    assert "end-of-sequence" not in err  # --ignore-eos: all 6 came
+
+
+def test_generate_says_when_it_stopped_at_the_end_of_sequence_token():
+    from passctl.tools.generate import stop_note
+
+    manifest = {"eos_token_ids": [2, 7]}
+    assert stop_note([5, 9, 7], 64, manifest) == (
+        "; stopped at the end-of-sequence token after 3 of 64 (--ignore-eos goes on)")
+    assert stop_note([5, 9, 4], 3, manifest) == ""      # the limit, not the end token
+    assert stop_note([5, 9, 4], 64, manifest) == ""     # ended otherwise (no end token last)
+    assert stop_note([2], 1, manifest) == ""            # the end token exactly at the limit
 
 
 @pytest.mark.parametrize("case", ["missing_file", "not_utf8", "folder", "empty", "too_long",
