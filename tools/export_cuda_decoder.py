@@ -33,6 +33,16 @@ def _split(max_length: int) -> int:
     return split
 
 
+def check_quantization(spec, weights: str, block: Optional[int], layout: Optional[str]) -> None:
+    """Refuse ``--weights`` / ``--block`` / ``--weight-layout`` the CUDA decoder cannot build,
+    before any weight is loaded (``spec`` from the model's config).
+
+    Raises:
+        UserError: as :func:`_quantization`.
+    """
+    _quantization(spec, {"fp32": 16, "int8": 8, "int4": 4}[weights], block, layout)
+
+
 def _quantization(spec, wbits: int, block: Optional[int], layout: Optional[str]):
     """``(group, layout)`` for ``wbits``; refuses what :class:`TritonDecoder` cannot build.
 
@@ -60,6 +70,9 @@ def _quantization(spec, wbits: int, block: Optional[int], layout: Optional[str])
     if layout == "half2" and any(k % (64 // wbits) for k in inputs):
         raise UserError(f"--weight-layout half2 needs the projections' inputs to be multiples of "
                         f"{64 // wbits} (int{wbits}); use --weight-layout rows")
+    if layout == "half2" and wbits == 4 and (group < 16 or group & (group - 1)):
+        raise UserError(f"--weight-layout half2 needs an int4 --block that is a power of two "
+                        f">= 16 (got {group}); use --weight-layout rows")
     return group, layout
 
 

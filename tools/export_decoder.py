@@ -87,6 +87,9 @@ def _offline_transformers():
     except ImportError as e:
         raise UserError(f"export-decoder needs torch and transformers ({e}); install passctl's "
                         "torch extra") from None
+    # no "Loading weights" / GGUF dequantization progress bars: export-decoder prints one
+    # summary line (or one error line)
+    transformers.utils.logging.disable_progress_bar()
     return torch, transformers
 
 
@@ -458,7 +461,11 @@ def _main_cuda(args, path: str, target, console, start: float) -> int:
 
         _, transformers = _offline_transformers()
         config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-        check_cuda_decoder(spec_from_config(config, name=path), config, args.max_length, path)
+        spec = spec_from_config(config, name=path)
+        check_cuda_decoder(spec, config, args.max_length, path)
+        from passctl.tools.export_cuda_decoder import check_quantization
+
+        check_quantization(spec, args.weights, args.block, args.weight_layout)
     model, tokenizer = load_transformers_model(path)
     manifest = export_cuda(model, tokenizer, args.out, target, args.max_length,
                            dtype=args.dtype or "fp16", weights=args.weights, block=args.block,

@@ -549,7 +549,7 @@ def gemv_half2_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
         x_ptr, norm_ptr, res_ptr, out_ptr, EPS, PROLOGUE, HAS_RES, SPLIT_K, PDL: as in
             :func:`gemv_kernel`.
         BLOCK_K: inputs per program and iteration; int4: a multiple of ``GROUP`` or a divisor
-            of it. Large tiles (2048-4096 inputs for the LLaMA shapes) put every thread along K,
+            of it (checked at compile time; ``GROUP`` a multiple of 16). Large tiles (2048-4096 inputs for the LLaMA shapes) put every thread along K,
             so each thread converts its inputs to fp16 pairs once per tile and reuses them for
             all ``BLOCK_N`` rows it holds.
         EMULATE: the f16x2 arithmetic in Triton operations instead of inline PTX (Triton's
@@ -558,7 +558,9 @@ def gemv_half2_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
     Numerics: the input after its prologue is scaled by ``XS`` (int8 1/16, int4 1/2; exact)
     and rounded to fp16; each word's products are summed in fp16, 4 (int8) or 8 (int4) per
     half, and the words in float32. A half's sum stays in fp16 range (65504) while
-    ``|x'| < 2047`` (4 * 128 / 16 and 8 * 8 / 2 times ``|x'|``). The fp16 rounding adds a
+    ``|x'| < 2047`` (4 * 128 / 16 and 8 * 8 / 2 times ``|x'|``); beyond it the sum overflows
+    to inf (LLaMA-family down projections can see inputs that large; the float32 kernels have
+    no such limit). The fp16 rounding adds a
     relative error of about 2^-11 per product: below the int8 / int4 quantization error, above
     :func:`gemv_kernel`'s float32 arithmetic.
     """
@@ -567,6 +569,8 @@ def gemv_half2_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr,
     KW: tl.constexpr = K // P                     # words per row
     tl.static_assert(KW * P == K)
     tl.static_assert(BLOCK_K % P == 0)
+    if WBITS == 4:  # every tile row segment inside one scale group
+        tl.static_assert(GROUP % P == 0 and (BLOCK_K % GROUP == 0 or GROUP % BLOCK_K == 0))
     GW: tl.constexpr = ((GROUP if BLOCK_K >= GROUP else BLOCK_K) if WBITS == 4 else BLOCK_K) // P
     NG: tl.constexpr = BLOCK_K // (GW * P)
     tl.static_assert(NG * GW * P == BLOCK_K)

@@ -172,6 +172,10 @@ class _Linear:
                     if self.k % (64 // wbits):
                         raise ValueError(f"layout='half2' needs K a multiple of {64 // wbits} "
                                          f"(int{wbits}); K={self.k}")
+                    if wbits == 4 and (group < 16 or group & (group - 1)):
+                        # gemv_half2_kernel's tiles (powers of two) must nest with the groups
+                        raise ValueError(f"layout='half2' needs int4 groups that are powers of "
+                                         f"two >= 16; group={group}")
                     self.kernel_weight = self.kernel_weight.view(torch.int64)
 
     @property

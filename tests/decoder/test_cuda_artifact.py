@@ -107,7 +107,7 @@ def test_python_generator_without_cuda_raises_the_same_user_error(exported, monk
 
 
 @pytest.mark.parametrize("case", ["bad_target", "qwen2", "gpt2", "onnx", "planes_fp16",
-                                  "bf16_t4", "max_length"])
+                                  "half2_fp16", "half2_block", "bf16_t4", "max_length"])
 def test_export_refusals_are_one_line_exit_2(exported, tmp_path, case):
     _, root, _ = exported
     src, extra = str(root / "src"), []
@@ -128,6 +128,11 @@ def test_export_refusals_are_one_line_exit_2(exported, tmp_path, case):
         src, expect = str(tmp_path / "m.onnx"), "the CUDA artifact is built from a GGUF file"
     elif case == "planes_fp16":
         extra, expect = ["--weight-layout", "planes"], "applies to --weights int8 / int4"
+    elif case == "half2_fp16":
+        extra, expect = ["--weight-layout", "half2"], "half2 applies to --weights int8 / int4"
+    elif case == "half2_block":  # 8 divides the tiny model's inputs; half2's tiles need >= 16
+        extra = ["--weights", "int4", "--block", "8", "--weight-layout", "half2"]
+        expect = "half2 needs an int4 --block that is a power of two >= 16 (got 8)"
     elif case == "bf16_t4":
         target, extra, expect = "t4", ["--dtype", "bf16"], "the t4 has no bf16"
     else:
