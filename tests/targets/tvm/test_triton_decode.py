@@ -68,6 +68,21 @@ def test_code_plane_gemv_and_gemm_match_numpy_for_int8_int4_every_prologue_and_s
         assert c["max_rel"] < 2e-6, c
 
 
+def test_half2_gemv_matches_numpy_for_int8_int4_every_prologue_split_and_masking():
+    """gemv_half2_kernel's f16x2 arithmetic (emulated in Triton operations: the interpreter runs
+    no PTX; test_triton_sass.py assembles the PTX itself, benchmarks/gpu_decode.py runs it)
+    against numpy's float64 product with quantize_rtn's dequantized weight. The inputs are
+    rounded to fp16 and each word's products summed in fp16, so the bound is fp16's (2^-11 =
+    4.9e-4 per product), not float32's; a wrong code or input pairing would be off by O(1).
+    Tiles with and without masks, and one input of 1000 (the fp16 sums stay in range)."""
+    cases = _run("gemv_half2")["cases"]
+    assert {(c["bits"], c["prologue"], c["split_k"]) for c in cases} == {
+        (b, p, s) for b in (8, 4) for p in (0, 1, 2, "big") for s in (1, 2)}
+    assert {c["even"] for c in cases} == {True, False}
+    for c in cases:
+        assert c["max_rel"] < 2e-3, c
+
+
 @pytest.mark.slow
 def test_decode_step_greedy_tokens_and_logits_equal_transformers():
     res = _run("generate")
