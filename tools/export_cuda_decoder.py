@@ -19,6 +19,9 @@ DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 WEIGHTS_FILE = "model.safetensors"
 
+#: ``--weights`` -> bits of the decode step's projection weights (16: as stored)
+WBITS = {"fp32": 16, "int8": 8, "int4": 4}
+
 #: why the CUDA artifact is written without the export's numeric check (manifest ``check``)
 NO_CHECK = ("not run at export: the Triton decode step needs a CUDA GPU (its kernels are checked "
             "on the CPU under Triton's interpreter by tests/decoder/test_cuda_artifact.py)")
@@ -40,7 +43,7 @@ def check_quantization(spec, weights: str, block: Optional[int], layout: Optiona
     Raises:
         UserError: as :func:`_quantization`.
     """
-    _quantization(spec, {"fp32": 16, "int8": 8, "int4": 4}[weights], block, layout)
+    _quantization(spec, WBITS[weights], block, layout)
 
 
 def _quantization(spec, wbits: int, block: Optional[int], layout: Optional[str]):
@@ -120,7 +123,7 @@ def export_cuda(model, tokenizer, out: str, target, max_length: int, dtype: str 
     spec = spec_from_config(model.config, getattr(model, "generation_config", None), name=name)
     check_cuda_decoder(spec, model.config, max_length, name=name)
     check_dtype(target, dtype)
-    wbits = {"fp32": 16, "int8": 8, "int4": 4}[weights]
+    wbits = WBITS[weights]
     group, layout = _quantization(spec, wbits, block, weight_layout)
     rotary = model.model.rotary_emb
     if float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:

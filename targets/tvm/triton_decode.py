@@ -380,6 +380,19 @@ def gemv_planes_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr, magi
     _store_rows(out_ptr, res_ptr, rows, row_ok, y, HAS_RES, SPLIT_K)
 
 
+def _word_dot_asm(temps: str, constants: str, dequantize: str, pairs: str) -> str:
+    """Inline PTX of one word's dot: ``dequantize`` leaves the fp16 code pairs in the registers
+    ``pairs`` (letters, in input-pair order), which one f16x2 chain multiplies with the packed
+    input pairs ``$2 ..``; the two halves of the chain are added in float32 into ``$0``."""
+    chain = [f"mul.rn.f16x2 acc, {pairs[0]}, $2;"] + [
+        f"fma.rn.f16x2 acc, {r}, ${i + 2}, acc;" for i, r in enumerate(pairs) if i]
+    return "\n".join([
+        "{", f".reg .b32 lo, hi, acc, {temps}, {', '.join(pairs)};", ".reg .f16 h0, h1;",
+        ".reg .f32 f0, f1;", constants.strip(), "mov.b64 {lo, hi}, $1;", dequantize.strip(),
+        *chain, "mov.b32 {h0, h1}, acc;", "cvt.f32.f16 f0, h0;", "cvt.f32.f16 f1, h1;",
+        "add.f32 $0, f0, f1;", "}"])
+
+
 #: f16x2 dequantize-and-dot of one 64-bit word of int4 codes (16 weights, inputs ``k .. k + 15``;
 #: the rows layout: input ``k + t`` in nibble ``t``, code ``c = q + 8``). One LOP3 puts two codes
 #: into the mantissas of two fp16 1024s (nibbles ``t`` and ``t + 4`` of a 32-bit half land in
@@ -389,14 +402,10 @@ def gemv_planes_kernel(w_ptr, scale_ptr, x_ptr, norm_ptr, res_ptr, out_ptr, magi
 #: (Marlin). The eight pairs multiply the packed input pairs ``$2 .. $9`` (see
 #: ``gemv_half2_kernel``) in one f16x2 chain (each half sums 8 products), and the two halves are
 #: added in float32.
-_INT4_WORD_DOT = tl.constexpr("""{
-.reg .b32 lo, hi, t, a, b, c, d, e, f, g, h, acc, k1032, k16, k72;
-.reg .f16 h0, h1;
-.reg .f32 f0, f1;
+_INT4_WORD_DOT = tl.constexpr(_word_dot_asm("t, k1032, k16, k72", """
 mov.b32 k1032, 0x64086408;
 mov.b32 k16, 0x2C002C00;
-mov.b32 k72, 0xD480D480;
-mov.b64 {lo, hi}, $1;
+mov.b32 k72, 0xD480D480;""", """
 lop3.b32 a, lo, 0x000F000F, 0x64006400, 0xEA;
 lop3.b32 b, lo, 0x00F000F0, 0x64006400, 0xEA;
 shr.u32 t, lo, 8;
@@ -414,32 +423,15 @@ fma.rn.f16x2 d, d, k16, k72;
 sub.f16x2 e, e, k1032;
 fma.rn.f16x2 f, f, k16, k72;
 sub.f16x2 g, g, k1032;
-fma.rn.f16x2 h, h, k16, k72;
-mul.rn.f16x2 acc, a, $2;
-fma.rn.f16x2 acc, b, $3, acc;
-fma.rn.f16x2 acc, c, $4, acc;
-fma.rn.f16x2 acc, d, $5, acc;
-fma.rn.f16x2 acc, e, $6, acc;
-fma.rn.f16x2 acc, f, $7, acc;
-fma.rn.f16x2 acc, g, $8, acc;
-fma.rn.f16x2 acc, h, $9, acc;
-mov.b32 {h0, h1}, acc;
-cvt.f32.f16 f0, h0;
-cvt.f32.f16 f1, h1;
-add.f32 $0, f0, f1;
-}""")
+fma.rn.f16x2 h, h, k16, k72;""", "abcdefgh"))
 
 #: the same for one 64-bit word of int8 weights (8 weights, inputs ``k .. k + 7``, two's-complement
 #: bytes in input order): XOR 0x80 makes the codes ``u = q + 128``, one PRMT puts two bytes into
 #: the mantissas of two fp16 1024s, one HSUB2 (``v - 1152``) leaves ``q``; ``$2 .. $5`` are the
 #: packed pairs ``(x_0, x_1) .. (x_6, x_7)``, each half sums 4 products.
-_INT8_WORD_DOT = tl.constexpr("""{
-.reg .b32 lo, hi, a, b, c, d, acc, k1152, m;
-.reg .f16 h0, h1;
-.reg .f32 f0, f1;
+_INT8_WORD_DOT = tl.constexpr(_word_dot_asm("k1152, m", """
 mov.b32 k1152, 0x64806480;
-mov.b32 m, 0x64646464;
-mov.b64 {lo, hi}, $1;
+mov.b32 m, 0x64646464;""", """
 xor.b32 lo, lo, 0x80808080;
 xor.b32 hi, hi, 0x80808080;
 prmt.b32 a, lo, m, 0x4140;
@@ -449,16 +441,7 @@ prmt.b32 d, hi, m, 0x4342;
 sub.f16x2 a, a, k1152;
 sub.f16x2 b, b, k1152;
 sub.f16x2 c, c, k1152;
-sub.f16x2 d, d, k1152;
-mul.rn.f16x2 acc, a, $2;
-fma.rn.f16x2 acc, b, $3, acc;
-fma.rn.f16x2 acc, c, $4, acc;
-fma.rn.f16x2 acc, d, $5, acc;
-mov.b32 {h0, h1}, acc;
-cvt.f32.f16 f0, h0;
-cvt.f32.f16 f1, h1;
-add.f32 $0, f0, f1;
-}""")
+sub.f16x2 d, d, k1152;""", "abcd"))
 
 
 @triton.jit
