@@ -40,8 +40,13 @@ INV_FREQ = "passctl.rotary.inv_freq"
 
 
 def _interpreted() -> bool:
-    """Triton's CPU interpreter is on (tests): tensors on the CPU, no CUDA graph."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """Triton's CPU interpreter is on (tests): tensors on the CPU, no CUDA graph
+    (:func:`passctl.targets.tvm.triton_decode.interpreted`)."""
+    try:
+        from passctl.targets.tvm.triton_decode import interpreted
+    except ImportError:  # no Triton: no interpreter either (the no-CUDA message follows)
+        return False
+    return interpreted()
 
 
 def cuda_device(folder: str, manifest: dict):

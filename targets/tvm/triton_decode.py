@@ -52,9 +52,11 @@ import triton.language as tl
 
 from passctl.targets.tvm.triton_kernels import grouped_tile
 
-#: Triton's CPU interpreter is running the kernels (``TRITON_INTERPRET=1``): inline PTX cannot
-#: run, so ``gemv_half2_kernel`` takes its ``EMULATE`` path
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+def interpreted() -> bool:
+    """Triton's CPU interpreter runs the kernels (``TRITON_INTERPRET`` on, as Triton reads it):
+    tensors live on the CPU, no CUDA graph, and no inline PTX (``gemv_half2_kernel`` takes its
+    ``EMULATE`` path)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 try:  # grid dependency control (programmatic dependent launch), sm_90+; Triton >= 3.3
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait

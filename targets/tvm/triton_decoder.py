@@ -329,7 +329,7 @@ class TritonDecoder:
                 res if res is not None else out, out, N=lin.n, K=lin.k, EPS=self.eps,
                 WBITS=lin.wbits, GROUP=lin.group, PROLOGUE=prologue, HAS_RES=res is not None,
                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split,
-                EMULATE=K.INTERPRETED, **cfg.launch_options(), **self._launch(pdl))
+                EMULATE=K.interpreted(), **cfg.launch_options(), **self._launch(pdl))
             return
         if lin.layout == "planes":
             K.gemv_planes_kernel[grid](
