@@ -81,6 +81,9 @@ def add_parser(sub) -> None:
 def _offline_transformers():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # transformers' GGUF reader drives tqdm itself ("Converting and de-quantizing GGUF
+    # tensors..."); tqdm reads TQDM_DISABLE when first imported, which is below
+    os.environ.setdefault("TQDM_DISABLE", "1")
     try:
         import torch
         import transformers
